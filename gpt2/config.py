@@ -1,0 +1,57 @@
+"""Model shapes: llm.c's model descriptors (`d12`, `gpt3:c768`, ...) as a typed config."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+VOCAB_SIZE = 50257
+PADDED_VOCAB_SIZE = 50304  # padded to a multiple of 128 for fast matmuls; padding rows stay 0
+EOT_TOKEN = 50256
+
+# llm.c's GPT-2 descriptors: depth -> (channels, heads); max_seq_len 1024
+_GPT2_SHAPES = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
+# llm.c's GPT-3 descriptors: channels -> depth; head size 64 except c1536 (96) and c2048 (128)
+_GPT3_DEPTHS = {768: 12, 1024: 24, 1536: 24, 2048: 24, 2560: 32, 4096: 32, 5120: 40, 12288: 96}
+_GPT3_HEAD_SIZE = {1536: 96, 2048: 128}
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    block_size: int = 1024  # max_seq_len
+    vocab_size: int = VOCAB_SIZE
+    padded_vocab_size: int = PADDED_VOCAB_SIZE
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.padded_vocab_size < self.vocab_size:
+            raise ValueError(
+                f"GPTConfig: padded_vocab_size={self.padded_vocab_size} < vocab_size={self.vocab_size}"
+            )
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_descriptor(cls, descriptor: str) -> "GPTConfig":
+        """`d6 d12 d24 d36 d48` (GPT-2) or `gpt3:cN` (GPT-3 family), as llm.c names them."""
+        if m := re.fullmatch(r"d(\d+)", descriptor):
+            depth = int(m.group(1))
+            if depth in _GPT2_SHAPES:
+                channels, heads = _GPT2_SHAPES[depth]
+                return cls(n_layer=depth, n_head=heads, n_embd=channels, block_size=1024)
+        elif m := re.fullmatch(r"gpt3:c(\d+)", descriptor):
+            channels = int(m.group(1))
+            if channels in _GPT3_DEPTHS:
+                heads = channels // _GPT3_HEAD_SIZE.get(channels, 64)
+                return cls(n_layer=_GPT3_DEPTHS[channels], n_head=heads, n_embd=channels, block_size=2048)
+        known = [f"d{d}" for d in _GPT2_SHAPES] + [f"gpt3:c{c}" for c in _GPT3_DEPTHS]
+        raise ValueError(f"unknown model descriptor {descriptor!r}; known: {', '.join(known)}")

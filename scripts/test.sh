@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command (README, CI): set up the environment, then run the whole suite.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/test_model.py -k parity`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# exits non-zero when a test fails and when no test ran (pytest's exit code 5)
+exec .venv/bin/python -m pytest -ra "$@"
