@@ -6,8 +6,15 @@ import re
 from dataclasses import dataclass
 
 VOCAB_SIZE = 50257
-PADDED_VOCAB_SIZE = 50304  # padded to a multiple of 128 for fast matmuls; padding rows stay 0
 EOT_TOKEN = 50256
+
+
+def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
+    """Vocabulary rounded up to a multiple of 128 for fast matmuls (50257 -> 50304); padding rows stay 0."""
+    return -(-vocab_size // multiple) * multiple
+
+
+PADDED_VOCAB_SIZE = padded_vocab(VOCAB_SIZE)
 
 # llm.c's GPT-2 descriptors: depth -> (channels, heads); max_seq_len 1024
 _GPT2_SHAPES = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}

@@ -1,0 +1,156 @@
+"""GPT-2 as one readable torch.nn.Module.
+
+Parameter names follow GPT-2 (`transformer.h.0.attn.c_attn.weight`, ...) so checkpoints map one to one
+onto llm.c model files (gpt2/llmc.py) and Hugging Face checkpoints (gpt2/hf.py). Linear weights are in
+nn.Linear's (out, in) layout. The vocabulary is padded from 50257 to 50304 rows for faster matmuls; the
+padding rows are zero, never looked up, and sliced off every logit a caller or the loss sees.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt2.config import GPTConfig
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)  # projection back into the residual stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)  # back into the residual stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig, use_kernels: bool = False):
+        """Builds the module tree; weights are set by `gpt2.init.init_weights` (or `GPT.create`).
+
+        `use_kernels` selects the fused Triton path of kernels/ (CUDA); the plain path above is the
+        reference and the CPU path.
+        """
+        super().__init__()
+        self.config = config
+        self.use_kernels = use_kernels
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied: one tensor, trained once
+
+    @classmethod
+    def empty(cls, config: GPTConfig, device: torch.device | str = "cpu", use_kernels: bool = False) -> "GPT":
+        """A model with uninitialised weights, for `init_weights` or a checkpoint reader to fill.
+
+        Built on the meta device first, so no time or global RNG state goes into nn.Linear's
+        default init that would be overwritten anyway.
+        """
+        with torch.device("meta"):
+            model = cls(config, use_kernels=use_kernels)
+        model.to_empty(device=device)
+        model.lm_head.weight = model.transformer.wte.weight  # to_empty gives each module its own copy
+        return model
+
+    @classmethod
+    def create(
+        cls, config: GPTConfig, seed: int = 42, device: torch.device | str = "cpu", use_kernels: bool = False
+    ) -> "GPT":
+        """A model initialised in llm.c's PyTorch RNG order (gpt2/init.py), then moved to `device`."""
+        from gpt2.init import init_weights
+
+        model = cls.empty(config, device="cpu", use_kernels=use_kernels)  # init draws on a CPU generator
+        init_weights(model, seed=seed)
+        return model.to(device)
+
+    @classmethod
+    def from_descriptor(cls, descriptor: str, seed: int = 42, **kwargs) -> "GPT":
+        """`GPT.from_descriptor("d12")`: llm.c's model descriptors, initialised from `seed`."""
+        return cls.create(GPTConfig.from_descriptor(descriptor), seed=seed, **kwargs)
+
+    def num_parameters(self) -> int:
+        """Parameter count as llm.c reports it: the tied lm_head once, wte with its padding rows."""
+        return sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """idx (B, T) token ids -> (logits (B, T, vocab_size) or None, mean cross-entropy or None).
+
+        Targets equal to -1 are ignored by the loss. `return_logits=False` lets the training step
+        skip keeping the full logits alive when it only needs the loss.
+        """
+        if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
+            self._check_input(idx, targets)
+        B, T = idx.size()
+        V = self.config.vocab_size
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)[..., :V]  # (B, T, V): padded vocab columns never seen
+        loss = None
+        if targets is not None:
+            # under bf16 autocast cross_entropy runs in float32 (it is on autocast's float32 list)
+            loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
+        return (logits if return_logits else None), loss
+
+    def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, T), got {tuple(idx.shape)}")
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {T} exceeds the model's max_seq_len {self.config.block_size}; "
+                f"use T <= {self.config.block_size}"
+            )
+        for name, ids, lowest in (("token id", idx, 0), ("target", targets, -1)):
+            if ids is None or ids.numel() == 0:
+                continue
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < lowest or hi >= self.config.vocab_size:
+                raise ValueError(
+                    f"{name}s must lie in [{lowest}, {self.config.vocab_size}), got range [{lo}, {hi}]; "
+                    "the padded vocabulary rows are not real tokens"
+                )
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(f"targets shape {tuple(targets.shape)} differs from idx shape {tuple(idx.shape)}")
