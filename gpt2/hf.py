@@ -21,7 +21,7 @@ from gpt2.model import GPT
 # the weights Hugging Face keeps as Conv1D (in, out)
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 # buffers some checkpoints store next to the weights (the causal mask), not parameters
-_BUFFER_SUFFIXES = ("attn.bias", "attn.masked_bias")
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
 
 def _hf_config(config: GPTConfig) -> dict:
