@@ -1,0 +1,101 @@
+"""Process-group and device set-up: one process per GPU under torchrun (NCCL), or CPU processes (gloo).
+
+Without torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) everything runs as a single process
+and no process group is created, so the collectives below become no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """`auto` -> this rank's GPU when CUDA is available, else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but CUDA is not available; use --device cpu")
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def autocast_context(device: torch.device, dtype: str = "auto") -> contextlib.AbstractContextManager:
+    """bf16 autocast of the forward pass (parameters, gradients and optimizer state stay float32).
+
+    `auto`: bf16 on CUDA, float32 on the CPU (where bf16 is slow and only useful in tests).
+    """
+    if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def setup(device: str = "auto") -> DistContext:
+    """Join the torchrun process group if launched by torchrun; NCCL on CUDA, gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = resolve_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            dist.init_process_group(backend="nccl", device_id=dev)
+        else:
+            dist.init_process_group(backend="gloo")
+    return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Mean of `t` over ranks, in place (identity in a single process)."""
+    if ctx.is_distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= ctx.world_size
+    return t
+
+
+def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.is_distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank (a list of one in a single process)."""
+    if not ctx.is_distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.is_distributed:
+        dist.barrier()

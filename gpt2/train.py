@@ -1,0 +1,350 @@
+"""GPT-2 pretraining (llm.c recipe): one process, or one process per GPU under torchrun.
+
+    python -m gpt2.train --config run.yaml --max-steps 100
+    torchrun --standalone --nproc_per_node=8 -m gpt2.train --train-data 'shards/*_train_*.bin' ...
+
+Each optimizer step accumulates `total_batch_size / (B * T * world_size)` micro-batches; DDP all-reduces
+gradients on the last one only. The run directory (`--out-dir`) gets config.json, metrics.jsonl,
+tensorboard/ and checkpoints/ (gpt2.checkpoint); a run restarted in the same directory resumes from its
+latest complete checkpoint and continues bit-exactly. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gpt2 import checkpoint as ckpt
+from gpt2 import evaluate
+from gpt2.config import GPTConfig
+from gpt2.distributed import DistContext, all_reduce_mean, autocast_context, gather_objects, setup, teardown
+from gpt2.evaluate import write_json_atomic
+from gpt2.guard import OutlierGuard
+from gpt2.model import GPT
+from gpt2.optim import configure_optimizer, lr_at
+from gpt2.sample import sample_text
+from gpt2.train_config import TrainConfig, load_config, validate
+
+# bf16 dense tensor-core peak per GPU, by name fragment (MFU denominator)
+_PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
+                    "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
+
+
+def flops_per_token(model_config: GPTConfig, num_params: int, seq_len: int) -> float:
+    """Training FLOPs per token, as DESIGN.md/llm.c estimate it: 6N + 6*L*C*T."""
+    return 6 * num_params + 6 * model_config.n_layer * model_config.n_embd * seq_len
+
+
+def peak_flops(device: torch.device, override: float = 0.0) -> float | None:
+    """bf16 dense peak FLOP/s of one GPU (None when unknown, e.g. on the CPU)."""
+    if override:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in _PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+class MetricsLogger:
+    """metrics.jsonl + TensorBoard scalars + one console line per step; silent on ranks other than 0."""
+
+    def __init__(self, out_dir: Path, enabled: bool, resume_step: int, log_every: int):
+        self.enabled = enabled
+        self.log_every = log_every
+        self.path = out_dir / "metrics.jsonl"
+        self.writer = None
+        if not enabled:
+            return
+        self._truncate(resume_step)
+        self.file = open(self.path, "a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=resume_step)
+        except ImportError:
+            print("warning: tensorboard is not installed; no TensorBoard logs", file=sys.stderr, flush=True)
+
+    def _truncate(self, resume_step: int) -> None:
+        """Drop records from steps after the checkpoint we resume from (a killed run may have logged them)."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] < resume_step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+
+    def log(self, record: dict[str, Any], tb_prefix: str = "", console: str | None = None) -> None:
+        if not self.enabled:
+            return
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.writer is not None:
+            for key, value in record.items():
+                if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.writer.add_scalar(f"{tb_prefix}{key}", value, record["step"])
+        if console is not None:
+            print(console, flush=True)  # flush: a parent process streaming stdout sees every line live
+
+    def text(self, tag: str, text: str, step: int) -> None:
+        if self.enabled:
+            print(text, flush=True)
+            if self.writer is not None:
+                self.writer.add_text(tag, text, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.writer is not None:
+                self.writer.close()
+
+
+def _resolve_flags(config: TrainConfig, device: torch.device) -> tuple[bool, bool]:
+    """(compile, kernels): explicit values win, otherwise on for CUDA and off for the CPU."""
+    on_cuda = device.type == "cuda"
+    use_compile = on_cuda if config.compile is None else config.compile
+    use_kernels = on_cuda if config.kernels is None else config.kernels
+    return use_compile, use_kernels
+
+
+def _starting_state(config: TrainConfig, model_config: GPTConfig) -> dict[str, Any] | None:
+    """The checkpoint to start from: the latest one when resuming, else step 0 (the init stage's) if present."""
+    out_dir = Path(config.out_dir)
+    path = ckpt.latest_checkpoint(out_dir) if config.resume else None
+    if path is None and ckpt.is_complete(ckpt.checkpoint_path(out_dir, 0)):
+        path = ckpt.checkpoint_path(out_dir, 0)
+    if path is None:
+        return None
+    state = ckpt.load_checkpoint(path)
+    if ckpt.model_config_of(state) != model_config:
+        raise ValueError(
+            f"{path}: checkpoint holds model {ckpt.model_config_of(state)}, but the config asks for "
+            f"{model_config} (--model {config.model}); use another --out-dir or the matching --model"
+        )
+    return state
+
+
+def _train_step(
+    model: nn.Module, raw_model: GPT, optimizer: torch.optim.Optimizer, loader: Any, grad_accum: int,
+    config: TrainConfig, ctx: DistContext,
+) -> tuple[float, float]:
+    """Forward/backward over `grad_accum` micro-batches; returns (loss averaged over ranks, grad norm).
+
+    Gradients are left in place for the caller, who decides whether to apply them.
+    """
+    model.train()
+    loss_accum = torch.zeros((), device=ctx.device)
+    for micro_step in range(grad_accum):
+        x, y = loader.next_batch()
+        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+        last = micro_step == grad_accum - 1
+        # DDP all-reduces gradients in backward; only the last micro-step's backward needs to
+        sync = model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
+        with sync:
+            with autocast_context(ctx.device, config.dtype):
+                _, loss = model(x, y, return_logits=False)
+            loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
+            loss_accum += loss.detach().float()
+            loss.backward()  # .grad is float32 (the parameters are): micro-steps add in float32
+    all_reduce_mean(loss_accum, ctx)
+    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
+    return loss_accum.item(), norm.item()
+
+
+def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]:
+    """Run (or resume) training as configured; returns the run summary (also written to summary.json)."""
+    ctx = ctx or setup(config.device)
+    model_config = validate(config, ctx.world_size)
+    grad_accum = config.grad_accum_steps(ctx.world_size)
+    use_compile, use_kernels = _resolve_flags(config, ctx.device)
+    out_dir = Path(config.out_dir)
+    if ctx.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any float32 matmul left outside autocast
+        torch.backends.cudnn.allow_tf32 = True
+    torch.manual_seed(config.seed)
+
+    # model, optimizer, guard: fresh, from the init stage's step 0, or from the latest checkpoint
+    state = _starting_state(config, model_config)
+    if state is None:
+        raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
+    else:
+        raw_model = ckpt.model_from_state(state, ctx.device, use_kernels=use_kernels)
+    start_step = state["step"] if state else 0
+    optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
+                                    config.eps, fused=ctx.device.type == "cuda")
+    guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
+
+    from data.loader import DistributedDataLoader
+
+    B, T = config.batch_size, config.seq_len
+    train_loader = DistributedDataLoader(config.train_data, B, T, rank=ctx.rank, world_size=ctx.world_size)
+    val_loader = (DistributedDataLoader(config.val_data, B, T, rank=ctx.rank, world_size=ctx.world_size)
+                  if config.val_every else None)
+    if state is not None and "optimizer" in state:  # step 0 holds only the model
+        if state["world_size"] != ctx.world_size:
+            raise ValueError(
+                f"checkpoint step {start_step} in {out_dir} was written by {state['world_size']} ranks, this run "
+                f"has {ctx.world_size}; data-loader positions are per rank, so resume with the same world size"
+            )
+        optimizer.load_state_dict(state["optimizer"])
+        guard.load_state_dict(state["guard"])
+        train_loader.load_state_dict(state["loader"][ctx.rank])
+        ckpt.restore_rng_state(state["rng"][ctx.rank])
+    del state  # the model and optimizer hold their own copies now
+
+    model: nn.Module = torch.compile(raw_model) if use_compile else raw_model
+    if ctx.is_distributed:
+        model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+
+    num_params = raw_model.num_parameters()
+    flops_per_step = flops_per_token(model_config, num_params, T) * config.total_batch_size
+    peak = peak_flops(ctx.device, config.peak_flops)
+    if ctx.is_master:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
+                    "compile": use_compile, "kernels": use_kernels, "num_params": num_params}
+        write_json_atomic(out_dir / "config.json", {**config.to_dict(), "resolved": resolved})
+        print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {B} x T {T} x "
+              f"grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | device {ctx.device} | "
+              f"compile {use_compile} | start step {start_step}/{config.max_steps}", flush=True)
+    logger = MetricsLogger(out_dir, ctx.is_master, start_step, config.log_every)
+    progress = _progress_bar(ctx, start_step, config.max_steps)
+
+    summary: dict[str, Any] = {"out_dir": str(out_dir), "start_step": start_step}
+    for step in range(start_step, config.max_steps + 1):
+        last_step = step == config.max_steps
+        summary.update(_evaluate_if_due(step, last_step, config, raw_model, model, val_loader, ctx, logger))
+        if last_step:
+            break
+
+        t0 = time.perf_counter()
+        lr = lr_at(step, config.lr, config.max_steps, config.warmup_steps, config.lr_schedule,
+                   config.final_lr_frac, config.decay_frac)
+        loss, norm = _train_step(model, raw_model, optimizer, train_loader, grad_accum, config, ctx)
+        decision = guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
+        if decision.skip:
+            if ctx.is_master:
+                print(f"step {step + 1}: update skipped: {decision.reason}", file=sys.stderr, flush=True)
+        else:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+
+        tokens_per_s = config.total_batch_size / dt
+        mfu = flops_per_step / dt / (peak * ctx.world_size) if peak else None
+        record = {"step": step, "kind": "train", "loss": loss, "lr": lr, "norm": norm, "ms": dt * 1e3,
+                  "tok_s": tokens_per_s, "mfu": mfu, "skipped": decision.skip,
+                  "loss_z": decision.loss_z, "norm_z": decision.norm_z}
+        if ctx.device.type == "cuda":
+            record["peak_mem_gb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+        line = (f"step {step + 1:5d}/{config.max_steps} | loss {loss:.6f} | lr {lr:.2e} | norm {norm:.4f} | "
+                f"{dt * 1e3:.1f} ms | {tokens_per_s:,.0f} tok/s" + (f" | MFU {100 * mfu:.1f}%" if mfu else ""))
+        show = (step + 1) % config.log_every == 0 or step == start_step or step + 1 == config.max_steps
+        logger.log(record, tb_prefix="train/", console=_console(line, progress) if show else None)
+        summary.update(train_loss=loss, steps=step + 1)
+        if progress is not None:
+            progress.update(1)
+
+        completed = step + 1
+        if completed == config.max_steps or (config.checkpoint_every and completed % config.checkpoint_every == 0):
+            summary["checkpoint"] = _save(completed, config, model_config, raw_model, optimizer, guard, train_loader,
+                                          ctx)
+
+    if progress is not None:
+        progress.close()
+    logger.close()
+    if ctx.is_master:
+        write_json_atomic(out_dir / "summary.json", summary)
+    return summary
+
+
+def _progress_bar(ctx: DistContext, start_step: int, max_steps: int):
+    """A tqdm bar on rank 0 when stderr is a terminal; log lines are then printed through it."""
+    if not (ctx.is_master and sys.stderr.isatty()):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+
+def _console(line: str, progress) -> str | None:
+    if progress is None:
+        return line
+    progress.write(line)
+    return None
+
+
+def _evaluate_if_due(
+    step: int, last_step: bool, config: TrainConfig, raw_model: GPT, model: nn.Module, val_loader: Any,
+    ctx: DistContext, logger: MetricsLogger,
+) -> dict[str, Any]:
+    """Val loss, HellaSwag and a text sample at `step` when their cadence (or the end of the run) says so."""
+
+    def due(every: int) -> bool:
+        return bool(every) and (step % every == 0 or last_step)
+
+    results: dict[str, Any] = {}
+    if val_loader is not None and due(config.val_every):
+        # the compiled (not DDP-wrapped) model: same shapes as training, no gradient sync needed
+        eval_model = model.module if isinstance(model, DDP) else model
+        loss = evaluate.val_loss(eval_model, val_loader, config.val_steps, ctx, config.dtype)
+        logger.log({"step": step, "kind": "val", "val_loss": loss}, tb_prefix="val/",
+                   console=f"step {step:5d} | val loss {loss:.6f}")
+        results["val_loss"] = loss
+    if config.hellaswag and due(config.hellaswag_every):
+        # the uncompiled model: every example has its own length, which would recompile a compiled one
+        scores = evaluate.hellaswag(raw_model, config.hellaswag, ctx, config.dtype)
+        logger.log({"step": step, "kind": "hellaswag", **scores}, tb_prefix="hellaswag/",
+                   console=f"step {step:5d} | HellaSwag acc_norm {scores['acc_norm']:.4f} "
+                           f"(acc {scores['acc']:.4f}, n {scores['n']})")
+        results["hellaswag"] = scores
+    if ctx.is_master and due(config.sample_every):
+        text = sample_text(raw_model, config.sample_prompt, config.sample_tokens, seed=config.seed, dtype=config.dtype)[0]
+        logger.text("sample", f"step {step:5d} | sample: {text!r}", step)
+    return results
+
+
+def _save(
+    step: int, config: TrainConfig, model_config: GPTConfig, raw_model: GPT, optimizer: torch.optim.Optimizer,
+    guard: OutlierGuard, loader: Any, ctx: DistContext,
+) -> str:
+    """Checkpoint after `step` optimizer steps; every rank contributes its loader and RNG state."""
+    loader_states = gather_objects(loader.state_dict(), ctx)  # collective: every rank calls it
+    rng_states = gather_objects(ckpt.capture_rng_state(), ctx)
+    path = ckpt.checkpoint_path(config.out_dir, step)
+    if ctx.is_master:
+        state = {"step": step, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                 "guard": guard.state_dict(), "loader": loader_states, "rng": rng_states,
+                 "world_size": ctx.world_size, "config": config.to_dict(), "model_config": asdict(model_config)}
+        ckpt.save_checkpoint(config.out_dir, step, state, raw_model, config.model_file_dtype, config.keep_last)
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = load_config(argv)
+    ctx = setup(config.device)
+    try:
+        train(config, ctx)
+    finally:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()

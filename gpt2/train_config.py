@@ -1,0 +1,259 @@
+"""The training run's one typed config: defaults are llm.c's GPT-2 (124M) recipe.
+
+Values come from, in increasing priority: the dataclass defaults, a JSON or YAML file (`--config`),
+and command-line flags (`--batch-size 32`, `--no-compile`). `validate` checks everything that can be
+checked before any work starts and names what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from gpt2.config import VOCAB_SIZE, GPTConfig
+
+LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
+DTYPES = ("auto", "bfloat16", "float32")
+MODEL_FILE_DTYPES = ("float32", "bfloat16")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message says which field and what to change."""
+
+
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    # model
+    model: str = _opt(
+        "d12",
+        "model descriptor (d6 d12 d24 d36 d48 gpt3:c768 ...) or explicit shape "
+        "'n_layer=2,n_head=2,n_embd=64,block_size=64,vocab_size=256'",
+    )
+    seed: int = _opt(42, "seed of the weight init (PyTorch RNG order) and of sampling")
+    # data
+    train_data: str = _opt("artifacts/data/fineweb10B/*_train_*.bin", "glob of the training token shards")
+    val_data: str = _opt("artifacts/data/fineweb10B/*_val_*.bin", "glob of the validation token shards")
+    hellaswag: str | None = _opt(None, "HellaSwag eval file (data.hellaswag); unset: no HellaSwag eval")
+    out_dir: str = _opt("artifacts/runs/gpt2-124M", "run directory: checkpoints, metrics.jsonl, tensorboard/")
+    # batch
+    batch_size: int = _opt(64, "micro-batch size B per rank")
+    seq_len: int = _opt(1024, "sequence length T")
+    total_batch_size: int = _opt(524288, "tokens per optimizer step; a multiple of B*T*world_size")
+    max_steps: int = _opt(18865, "optimizer steps (18865 x 524288 tokens = 10B tokens)")
+    # optimizer and schedule
+    lr: float = _opt(6e-4, "peak learning rate")
+    lr_schedule: str = _opt("cosine", f"shape after warmup: {', '.join(LR_SCHEDULES)}")
+    warmup_steps: int = _opt(700, "linear warmup steps")
+    final_lr_frac: float = _opt(0.0, "learning rate at the last step as a fraction of lr")
+    decay_frac: float = _opt(0.2, "wsd only: fraction of all steps spent in the final decay")
+    weight_decay: float = _opt(0.1, "AdamW weight decay, applied to 2-D tensors only")
+    beta1: float = _opt(0.9, "AdamW beta1")
+    beta2: float = _opt(0.95, "AdamW beta2")
+    eps: float = _opt(1e-8, "AdamW epsilon")
+    grad_clip: float = _opt(1.0, "clip the global grad norm to this; 0 disables clipping")
+    # evaluation
+    val_every: int = _opt(250, "val loss every N steps and at the end; 0 disables")
+    val_steps: int = _opt(20, "batches of B x T per rank in one val loss evaluation")
+    hellaswag_every: int = _opt(250, "HellaSwag every N steps and at the end (needs --hellaswag); 0 disables")
+    sample_every: int = _opt(250, "print a text sample every N steps and at the end; 0 disables")
+    sample_tokens: int = _opt(64, "tokens generated per sample")
+    sample_prompt: str = _opt("Hello, I'm a language model,", "fixed prompt of the samples (top-k 50)")
+    # checkpoints
+    checkpoint_every: int = _opt(1000, "checkpoint every N steps and at the end; 0: only at the end")
+    keep_last: int = _opt(3, "complete checkpoints kept; older ones are deleted (step 0 is always kept)")
+    resume: bool = _opt(True, "continue from the latest complete checkpoint in out_dir")
+    model_file_dtype: str = _opt("float32", "dtype of the llm.c model file written with each checkpoint")
+    # outlier guard
+    guard_window: int = _opt(128, "window of the rolling loss and grad-norm z-scores")
+    skip_loss_z: float = _opt(0.0, "skip an update whose loss z-score exceeds this; 0 disables")
+    skip_norm_z: float = _opt(0.0, "skip an update whose grad-norm z-score exceeds this; 0 disables")
+    max_bad_steps: int = _opt(10, "abort after this many skipped (non-finite or outlier) steps in a row")
+    # runtime
+    device: str = _opt("auto", "auto (cuda if available), cuda or cpu")
+    dtype: str = _opt("auto", "autocast dtype of the forward pass: auto (bfloat16 on CUDA, float32 on CPU), "
+                      "bfloat16 or float32; weights, gradients and optimizer state are always float32")
+    compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
+    kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
+    log_every: int = _opt(1, "print a log line every N steps (metrics.jsonl gets every step)")
+    peak_flops: float = _opt(0.0, "peak FLOP/s for MFU; 0: the GPU's bf16 dense peak when known")
+
+    def model_config(self) -> GPTConfig:
+        return parse_model_spec(self.model)
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        return self.total_batch_size // (self.batch_size * self.seq_len * world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def parse_model_spec(spec: str) -> GPTConfig:
+    """`d12` / `gpt3:c768`, or `n_layer=2,n_head=2,n_embd=64,...` for small test models."""
+    if "=" not in spec:
+        return GPTConfig.from_descriptor(spec)
+    known = {f.name for f in dataclasses.fields(GPTConfig)}
+    kwargs = {}
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in known:
+            raise ConfigError(f"model: unknown shape field {key!r} in {spec!r}; known: {', '.join(sorted(known))}")
+        try:
+            kwargs[key] = int(value)
+        except ValueError:
+            raise ConfigError(f"model: {key}={value!r} in {spec!r} is not an integer") from None
+    if "padded_vocab_size" not in kwargs and kwargs.get("vocab_size", 0) > 0:
+        kwargs["padded_vocab_size"] = -(-kwargs["vocab_size"] // 128) * 128  # round up, as llm.c pads
+    return GPTConfig(**kwargs)
+
+
+# ----------------------------------------------------------------------------------------------------
+# loading: defaults <- file <- command line
+
+
+def _field_types() -> dict[str, tuple[type, bool]]:
+    """Field name -> (the Python type its values must have, whether None is allowed)."""
+    types = {}
+    for f in dataclasses.fields(TrainConfig):
+        annotation = str(f.type)  # a string: this module uses `from __future__ import annotations`
+        base = next(t for t in (bool, int, float, str) if annotation.startswith(t.__name__))
+        types[f.name] = (base, "None" in annotation)
+    return types
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Check a value read from a config file against the field's type (ints are fine for floats)."""
+    expected, optional = _field_types()[name]
+    if value is None and optional:
+        return None
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(f"{source}: {name} must be {expected.__name__}, got {value!r}")
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A JSON or YAML (.yaml/.yml) file holding a flat mapping of TrainConfig fields."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path} does not exist")
+    with open(path) as f:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            values = yaml.safe_load(f) or {}
+        else:
+            values = json.load(f)
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of config fields, got {type(values).__name__}")
+    names = list(_field_types())
+    out = {}
+    for key, value in values.items():
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{path}: unknown config field {key!r}{hint}")
+        out[key] = _coerce(key, value, path)
+    return out
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpt2.train",
+        description="Train GPT-2 (llm.c recipe). Single process or `torchrun --nproc_per_node=N -m gpt2.train`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--config", help="JSON or YAML file of config fields; flags override it")
+    types = _field_types()
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict[str, Any] = dict(dest=f.name, help=f.metadata["help"], default=argparse.SUPPRESS)
+        base, _ = types[f.name]
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = base
+        parser.add_argument(flag, **kwargs)
+    return parser
+
+
+def load_config(argv: Sequence[str] | None = None) -> TrainConfig:
+    """TrainConfig from defaults, then `--config FILE`, then the other flags of `argv`."""
+    args = vars(build_arg_parser().parse_args(argv))
+    config_path = args.pop("config", None)
+    values = read_config_file(config_path) if config_path else {}
+    values.update(args)
+    return TrainConfig(**values)
+
+
+# ----------------------------------------------------------------------------------------------------
+# validation
+
+
+def validate(config: TrainConfig, world_size: int = 1, check_files: bool = True) -> GPTConfig:
+    """Raise ConfigError listing every problem (each with what to change); returns the model shape."""
+    problems: list[str] = []
+    try:
+        model = config.model_config()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+    positive = ("batch_size", "seq_len", "total_batch_size", "max_steps", "val_steps", "keep_last", "guard_window",
+                "max_bad_steps", "log_every", "sample_tokens")
+    non_negative = ("warmup_steps", "val_every", "hellaswag_every", "sample_every", "checkpoint_every", "lr",
+                    "weight_decay", "grad_clip", "skip_loss_z", "skip_norm_z", "peak_flops")
+    problems += [f"{n} must be > 0, got {getattr(config, n)}" for n in positive if getattr(config, n) <= 0]
+    problems += [f"{n} must be >= 0, got {getattr(config, n)}" for n in non_negative if getattr(config, n) < 0]
+
+    micro = config.batch_size * config.seq_len * world_size
+    if config.total_batch_size % micro:
+        problems.append(
+            f"total_batch_size={config.total_batch_size} is not a multiple of batch_size*seq_len*world_size = "
+            f"{config.batch_size}*{config.seq_len}*{world_size} = {micro}; set total_batch_size to a multiple "
+            f"of {micro} (e.g. {max(1, round(config.total_batch_size / micro)) * micro}) or change B/T"
+        )
+    if config.seq_len > model.block_size:
+        problems.append(f"seq_len={config.seq_len} exceeds the model's max_seq_len {model.block_size}; "
+                        f"use --seq-len {model.block_size} or less")
+    if config.warmup_steps > config.max_steps:
+        problems.append(f"warmup_steps={config.warmup_steps} exceeds max_steps={config.max_steps}")
+    for name, value, allowed in (("lr_schedule", config.lr_schedule, LR_SCHEDULES), ("dtype", config.dtype, DTYPES),
+                                 ("model_file_dtype", config.model_file_dtype, MODEL_FILE_DTYPES),
+                                 ("device", config.device, ("auto", "cuda", "cpu"))):
+        if value not in allowed:
+            problems.append(f"{name}={value!r} is not one of {', '.join(allowed)}")
+    for name in ("final_lr_frac", "decay_frac"):
+        if not 0.0 <= getattr(config, name) <= 1.0:
+            problems.append(f"{name} must lie in [0, 1], got {getattr(config, name)}")
+    if not (0 <= config.beta1 < 1 and 0 <= config.beta2 < 1):
+        problems.append(f"beta1/beta2 must lie in [0, 1), got {config.beta1}/{config.beta2}")
+
+    if model.vocab_size != VOCAB_SIZE:
+        for name in ("sample_every", "hellaswag_every"):
+            if getattr(config, name) and (name != "hellaswag_every" or config.hellaswag):
+                problems.append(f"{name}={getattr(config, name)} needs the GPT-2 tokenizer's vocabulary "
+                                f"({VOCAB_SIZE}), the model has {model.vocab_size}; pass --{name.replace('_', '-')} 0")
+    if check_files:
+        if not glob.glob(config.train_data):
+            problems.append(f"train_data: no files match {config.train_data!r}; run the tokenize stage or "
+                            "point --train-data at the *_train_*.bin shards")
+        if config.val_every and not glob.glob(config.val_data):
+            problems.append(f"val_data: no files match {config.val_data!r}; point --val-data at the *_val_*.bin "
+                            "shards or pass --val-every 0")
+        if config.hellaswag_every and config.hellaswag and not os.path.isfile(config.hellaswag):
+            problems.append(f"hellaswag: file {config.hellaswag} does not exist; build it with data.hellaswag "
+                            "or pass --hellaswag-every 0")
+    if problems:
+        raise ConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+    return model
