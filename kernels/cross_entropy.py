@@ -1,0 +1,212 @@
+"""Fused classifier: lm_head matmul + softmax cross-entropy + its gradients, over row chunks.
+
+The plain path materialises (B*T, V) logits (6.6 GB in bf16 for d12 at B=64, T=1024), an fp32 copy for
+the loss (13 GB) and the same again for dlogits in backward. Here, per chunk of rows:
+
+    logits = x_chunk @ W.T                      (n, Vp) in the compute dtype, one chunk buffer
+    Triton: loss per row, and dlogits = softmax - onehot written over the logits in place
+    dx_chunk = dlogits @ W,  dW += dlogits.T @ x_chunk
+
+so the forward pass already holds the gradients (the loss is the last op of the graph, llm.c's
+fused_classifier does the same) and backward only scales them by the incoming gradient. Peak extra
+memory is one chunk of logits plus an fp32 dW. Padded vocabulary columns (vocab_size..Vp) take no part
+in the softmax and get zero gradient, so the padding rows of W stay zero.
+
+`linear_cross_entropy` is the entry point; `linear_cross_entropy_reference` is the plain formula.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels._triton import jit, next_power_of_2, tl, use_triton
+
+DEFAULT_CHUNK_ROWS = 8192  # (8192, 50304) bf16 logits = 0.8 GB; K=8192 keeps the dW matmul efficient
+
+
+@jit
+def _cross_entropy_rows_kernel(
+    logits_ptr,  # (n_rows, row_stride): overwritten with dlogits when COMPUTE_GRAD
+    row_stride,
+    targets_ptr,  # (n_rows,) int64
+    losses_ptr,  # (n_rows,) fp32
+    ignore_index,
+    grad_scale_ptr,  # (1,) fp32: dlogits are multiplied by it (1 / rows counted in the mean)
+    # compile-time loop bounds (one specialisation per vocabulary; Triton's interpreter also needs them)
+    n_vocab: tl.constexpr,  # real vocabulary: softmax runs over columns [0, n_vocab)
+    n_cols: tl.constexpr,  # padded width: gradient columns [n_vocab, n_cols) are written as 0
+    COMPUTE_GRAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    row_ptr = logits_ptr + row * row_stride
+    target = tl.load(targets_ptr + row)
+    valid = target != ignore_index
+
+    # pass 1: online max and sum of exponentials (fp32), one block of columns at a time
+    m = float("-inf")
+    s = 0.0
+    for start in range(0, n_vocab, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        z = tl.load(row_ptr + cols, mask=cols < n_vocab, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        m = m_new
+    lse = m + tl.log(s)
+
+    target_logit = tl.load(row_ptr + tl.where(valid, target, 0)).to(tl.float32)
+    tl.store(losses_ptr + row, tl.where(valid, lse - target_logit, 0.0))
+
+    if COMPUTE_GRAD:
+        # pass 2: dloss/dlogits = (softmax - onehot) * grad_scale
+        grad_scale = tl.load(grad_scale_ptr)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            z = tl.load(row_ptr + cols, mask=cols < n_vocab, other=float("-inf")).to(tl.float32)
+            grad = tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)
+            grad = tl.where(valid, grad * grad_scale, 0.0)
+            tl.store(row_ptr + cols, grad.to(logits_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def cross_entropy_rows_reference(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    n_vocab: int,
+    ignore_index: int,
+    grad_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Plain-PyTorch rows kernel: per-row losses (fp32) and, given a grad_scale, dlogits * grad_scale
+    (logits' dtype, padded columns 0)."""
+    logp = torch.log_softmax(logits[:, :n_vocab].float(), dim=-1)  # (n, V)
+    valid = targets != ignore_index
+    safe_targets = targets.clamp(min=0).unsqueeze(1)  # (n, 1): ignored rows read column 0, then drop it
+    losses = torch.where(valid, -logp.gather(1, safe_targets).squeeze(1), 0.0)
+    if grad_scale is None:
+        return losses, None
+    g = logp.exp().scatter_add_(1, safe_targets, -torch.ones_like(safe_targets, dtype=logp.dtype))
+    grad = torch.zeros_like(logits)
+    grad[:, :n_vocab] = torch.where(valid.unsqueeze(1), g * grad_scale, 0.0).to(logits.dtype)
+    return losses, grad
+
+
+def cross_entropy_rows_(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    n_vocab: int,
+    ignore_index: int,
+    grad_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-row losses (fp32, 0 for ignored rows) of (n, Vp) logits over their first n_vocab columns.
+
+    With a `grad_scale` (fp32 tensor of one element), the logits are overwritten in place with
+    dloss/dlogits * grad_scale, padded columns zero.
+    """
+    n_rows, n_cols = logits.shape
+    compute_grad = grad_scale is not None
+    if not use_triton(logits):
+        losses, grad = cross_entropy_rows_reference(logits, targets, n_vocab, ignore_index, grad_scale)
+        if compute_grad:
+            logits.copy_(grad)
+        return losses
+    losses = torch.empty(n_rows, dtype=torch.float32, device=logits.device)
+    _cross_entropy_rows_kernel[(n_rows,)](
+        logits, logits.stride(0), targets, losses, ignore_index,
+        grad_scale if compute_grad else losses,  # never read without COMPUTE_GRAD
+        n_vocab=n_vocab, n_cols=n_cols, COMPUTE_GRAD=compute_grad, BLOCK=min(4096, next_power_of_2(n_cols)), num_warps=8,
+    )
+    return losses
+
+
+@torch.library.custom_op("gpt2_kernels::linear_cross_entropy", mutates_args=())
+def _linear_cross_entropy_op(
+    x: torch.Tensor,  # (N, C)
+    weight: torch.Tensor,  # (Vp, C)
+    targets: torch.Tensor,  # (N,) int64
+    vocab_size: int,
+    ignore_index: int,
+    compute_dtype: torch.dtype,
+    chunk_rows: int,
+    compute_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (mean loss (fp32 scalar), dloss/dx (N, C), dloss/dweight (Vp, C)); grads empty without compute_grad."""
+    n_rows = x.size(0)
+    # mean over non-ignored rows (all rows ignored gives nan, as F.cross_entropy does); kept on the
+    # device so that no host sync stalls the pipeline
+    n_valid = (targets != ignore_index).sum().float()
+    grad_scale = (1.0 / n_valid).reshape(1) if compute_grad else None
+    w = weight.to(compute_dtype)  # one cast of W per call, as autocast would do
+    dx = torch.empty_like(x) if compute_grad else x.new_empty(0)
+    dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if compute_grad else None
+    loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+    for start in range(0, n_rows, chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        xc = x[rows].to(compute_dtype)  # (n, C)
+        logits = xc @ w.t()  # (n, Vp): the only logits ever held
+        loss_sum += cross_entropy_rows_(logits, targets[rows], vocab_size, ignore_index, grad_scale).sum()
+        if compute_grad:  # logits now hold dloss/dlogits
+            dx[rows] = logits @ w  # (n, C)
+            dw += logits.t() @ xc  # (Vp, C): summed in fp32 across chunks, rounded once per chunk
+    loss = loss_sum / n_valid
+    if not compute_grad:
+        return loss, dx, x.new_empty(0)
+    return loss, dx, dw.to(weight.dtype)
+
+
+@_linear_cross_entropy_op.register_fake
+def _(x, weight, targets, vocab_size, ignore_index, compute_dtype, chunk_rows, compute_grad):
+    loss = x.new_empty((), dtype=torch.float32)
+    if not compute_grad:
+        return loss, x.new_empty(0), x.new_empty(0)
+    return loss, torch.empty_like(x), torch.empty_like(weight)
+
+
+def _setup_context(ctx, inputs, output):
+    _, dx, dw = output
+    ctx.save_for_backward(dx, dw)
+
+
+def _backward(ctx, grad_loss, _grad_dx, _grad_dw):
+    dx, dw = ctx.saved_tensors
+    return dx * grad_loss.to(dx.dtype), dw * grad_loss.to(dw.dtype), None, None, None, None, None, None
+
+
+_linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_size: int,
+    ignore_index: int = -1,
+    compute_dtype: torch.dtype | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> torch.Tensor:
+    """Mean cross-entropy of `x @ weight[:vocab_size].T` against `targets`, never holding all logits.
+
+    x (..., C); weight (Vp, C) with Vp >= vocab_size (rows past vocab_size are padding and get zero
+    gradient); targets (...) int64 with `ignore_index` rows skipped. `compute_dtype` is the dtype of
+    the matmuls (default x's; pass bf16 under autocast, which custom ops do not see).
+    """
+    C = x.size(-1)
+    if chunk_rows <= 0:
+        raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+    if weight.dim() != 2 or weight.size(1) != C or weight.size(0) < vocab_size:
+        raise ValueError(f"weight must be (Vp >= {vocab_size}, {C}), got {tuple(weight.shape)}")
+    if targets.shape != x.shape[:-1]:
+        raise ValueError(f"targets shape {tuple(targets.shape)} must equal x's leading shape {tuple(x.shape[:-1])}")
+    compute_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    loss, _, _ = _linear_cross_entropy_op(
+        x.reshape(-1, C).contiguous(), weight.contiguous(), targets.reshape(-1).contiguous(), vocab_size,
+        ignore_index, compute_dtype or x.dtype, chunk_rows, compute_grad,
+    )
+    return loss
+
+
+def linear_cross_entropy_reference(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab_size: int, ignore_index: int = -1
+) -> torch.Tensor:
+    """The plain formula: full fp32 logits over the real vocabulary, then F.cross_entropy."""
+    logits = x @ weight[:vocab_size].t()  # (..., V)
+    return F.cross_entropy(logits.reshape(-1, vocab_size).float(), targets.reshape(-1), ignore_index=ignore_index)
