@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
+from kernels import add_layernorm, linear_cross_entropy
 
 
 class CausalSelfAttention(nn.Module):
@@ -124,15 +125,40 @@ class GPT(nn.Module):
         V = self.config.vocab_size
         pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
+        if self.use_kernels:
+            x = self._fused_blocks(x)
+        else:
+            for block in self.transformer.h:
+                x = block(x)
+            x = self.transformer.ln_f(x)
+        if self.use_kernels and targets is not None and not return_logits:
+            # fused classifier: loss and its gradients over row chunks, no (B, T, V) logits held
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets, V, ignore_index=-1)
         logits = self.lm_head(x)[..., :V]  # (B, T, V): padded vocab columns never seen
         loss = None
         if targets is not None:
             # under bf16 autocast cross_entropy runs in float32 (it is on autocast's float32 list)
             loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
         return (logits if return_logits else None), loss
+
+    def _fused_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The blocks and ln_f through kernels/: each residual add is fused with the LayerNorm after it.
+
+        Same function as the plain loop; x (B, T, C) is the fp32 residual stream, the returned ln_f
+        output is in the autocast dtype (custom ops do not see autocast, so it is passed explicitly).
+        """
+        device = x.device.type
+        act_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        blocks = self.transformer.h
+        # each LayerNorm after the first: ln_2 of every block, then the next block's ln_1, then ln_f
+        next_ln = [blocks[i + 1].ln_1 for i in range(len(blocks) - 1)] + [self.transformer.ln_f]
+        first = blocks[0].ln_1
+        residual, h = add_layernorm(x, None, first.weight, first.bias, first.eps, act_dtype)
+        for block, ln in zip(blocks, next_ln):
+            residual, h = add_layernorm(residual, block.attn(h), block.ln_2.weight, block.ln_2.bias,
+                                        block.ln_2.eps, act_dtype)
+            residual, h = add_layernorm(residual, block.mlp(h), ln.weight, ln.bias, ln.eps, act_dtype)
+        return h
 
     def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
         if idx.dim() != 2:
