@@ -1,0 +1,123 @@
+"""kernels.cross_entropy: fused lm_head + cross-entropy vs autograd through the plain formula.
+
+On CPU the Triton kernel runs under TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay tiny.
+Tolerances (relative L2 error vs a float64 reference): fp32 inputs 1e-5 (fp32 accumulation over at
+most a few hundred terms); bf16 inputs 2e-2 (logits and dlogits are rounded to bf16, 2^-9 relative,
+and the matmuls accumulate bf16 products).
+"""
+
+import pytest
+import torch
+
+from kernels.cross_entropy import (
+    cross_entropy_rows_,
+    linear_cross_entropy,
+    linear_cross_entropy_reference,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def make_inputs(N, C, V, Vp, dtype, seed, n_ignored=2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, C, generator=g)
+    w = torch.randn(Vp, C, generator=g) * 0.5
+    w[V:] = 0  # padding rows, as the model keeps them
+    targets = torch.randint(0, V, (N,), generator=g)
+    targets[torch.randperm(N, generator=g)[:n_ignored]] = -1
+    return x.to(DEVICE, dtype), w.to(DEVICE, dtype), targets.to(DEVICE)
+
+
+def reference(x, w, targets, V):
+    """Loss and gradients in float64 by autograd through F.cross_entropy (independent of the kernel)."""
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    loss = linear_cross_entropy_reference(x64, w64, targets, V, ignore_index=-1)
+    loss.backward()
+    return loss.detach(), x64.grad, w64.grad
+
+
+@pytest.mark.parametrize(
+    "N, C, V, Vp, chunk_rows, dtype, tol",
+    [
+        (37, 24, 203, 256, 16, torch.float32, 1e-5),  # rows not a multiple of the chunk, C not 2^k
+        (37, 24, 203, 256, 16, torch.bfloat16, 2e-2),
+        (9, 40, 5000, 5056, 4, torch.float32, 1e-5),  # vocabulary wider than one 4096-column block
+    ],
+)
+def test_matches_reference(N, C, V, Vp, chunk_rows, dtype, tol):
+    x, w, targets = make_inputs(N, C, V, Vp, dtype, seed=N + C)
+    x.requires_grad_()
+    w.requires_grad_()
+    loss = linear_cross_entropy(x, w, targets, V, chunk_rows=chunk_rows)
+    loss.backward()
+    ref_loss, ref_dx, ref_dw = reference(x, w, targets, V)
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - ref_loss.item()) <= tol * abs(ref_loss.item())
+    assert x.grad.dtype == dtype and w.grad.dtype == dtype
+    assert rel_err(x.grad, ref_dx) < tol
+    assert rel_err(w.grad, ref_dw) < tol
+    assert torch.all(w.grad[V:] == 0), "padded vocabulary rows must get exactly zero gradient"
+
+
+def test_backward_scales_by_incoming_gradient():
+    """Grad accumulation divides the loss by the micro-step count: gradients must follow."""
+    x, w, targets = make_inputs(11, 24, 150, 160, torch.float32, seed=3)
+    x.requires_grad_()
+    w.requires_grad_()
+    (linear_cross_entropy(x, w, targets, 150, chunk_rows=8) * 0.25).backward()
+    _, ref_dx, ref_dw = reference(x, w, targets, 150)
+    assert rel_err(x.grad, 0.25 * ref_dx) < 1e-5
+    assert rel_err(w.grad, 0.25 * ref_dw) < 1e-5
+
+
+def test_no_grad_gives_same_loss():
+    x, w, targets = make_inputs(13, 24, 150, 160, torch.float32, seed=4)
+    with torch.no_grad():
+        loss = linear_cross_entropy(x, w, targets, 150, chunk_rows=5)
+    assert abs(loss.item() - reference(x, w, targets, 150)[0].item()) < 1e-5
+
+
+def test_compute_dtype_bf16_from_fp32_inputs():
+    """Under autocast the model passes fp32 params with compute_dtype=bf16; grads stay fp32."""
+    x, w, targets = make_inputs(16, 24, 150, 160, torch.float32, seed=5)
+    x.requires_grad_()
+    w.requires_grad_()
+    linear_cross_entropy(x, w, targets, 150, compute_dtype=torch.bfloat16, chunk_rows=7).backward()
+    _, ref_dx, ref_dw = reference(x, w, targets, 150)
+    assert w.grad.dtype == torch.float32
+    assert rel_err(x.grad, ref_dx) < 2e-2 and rel_err(w.grad, ref_dw) < 2e-2
+
+
+def test_rows_kernel_writes_every_gradient_column():
+    """Poisoned logits buffer: every column, padded ones included, must be overwritten."""
+    N, V, Vp = 5, 90, 128
+    g = torch.Generator().manual_seed(6)
+    logits = torch.randn(N, Vp, generator=g).to(DEVICE)
+    targets = torch.tensor([0, 89, -1, 7, 45], device=DEVICE)
+    z = logits[:, :V].clone().requires_grad_()
+    torch.nn.functional.cross_entropy(z.double(), targets, ignore_index=-1, reduction="sum").backward()
+    logits[:, V:] = float("nan")  # poison: padding columns are never read, only written
+    scale = torch.full((1,), 0.5, device=DEVICE)
+    losses = cross_entropy_rows_(logits, targets, V, ignore_index=-1, grad_scale=scale)
+    assert not torch.isnan(logits).any()
+    assert torch.all(logits[:, V:] == 0)
+    assert rel_err(logits[:, :V], 0.5 * z.grad) < 1e-5
+    assert losses[2] == 0  # ignored row
+
+
+def test_opcheck_fake_and_autograd_registrations():
+    x, w, targets = make_inputs(6, 8, 20, 32, torch.float32, seed=7)
+    op = torch.ops.gpt2_kernels.linear_cross_entropy.default
+    torch.library.opcheck(op, (x.requires_grad_(), w.requires_grad_(), targets, 20, -1, torch.float32, 4, True),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def test_bad_weight_shape_is_rejected():
+    x, w, targets = make_inputs(4, 8, 20, 32, torch.float32, seed=8)
+    with pytest.raises(ValueError, match="weight must be"):
+        linear_cross_entropy(x, w[:10], targets, 20)

@@ -1,0 +1,70 @@
+"""GPT(use_kernels=True) against the plain path of the same weights, and the SDPA backend check.
+
+A tiny fp32 config: the two paths compute the same function, so loss, logits and every parameter
+gradient agree to fp32 rounding (relative 1e-5); the compiled kernel path (aot_eager, one graph) too.
+"""
+
+import pytest
+import torch
+
+from gpt2.config import GPTConfig
+from gpt2.model import GPT
+from kernels.attention import configure_sdpa
+
+CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=101, padded_vocab_size=128)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+def models_and_batch():
+    plain = GPT.create(CONFIG, seed=1)
+    fused = GPT.create(CONFIG, seed=1, use_kernels=True)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, CONFIG.vocab_size, (2, 16), generator=g)
+    targets = torch.randint(0, CONFIG.vocab_size, (2, 16), generator=g)
+    targets[0, :3] = -1  # ignored positions
+    return plain, fused, idx, targets
+
+
+def assert_same_grads(plain: GPT, fused: GPT) -> None:
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
+        assert rel_err(q.grad, p.grad) < 1e-5, name
+
+
+def test_kernel_path_matches_plain_path():
+    plain, fused, idx, targets = models_and_batch()
+    _, loss_plain = plain(idx, targets, return_logits=False)
+    _, loss_fused = fused(idx, targets, return_logits=False)
+    loss_plain.backward()
+    loss_fused.backward()
+    assert abs(loss_fused.item() - loss_plain.item()) < 1e-5 * loss_plain.item()
+    assert_same_grads(plain, fused)
+    with torch.no_grad():  # logits (evaluation, sampling) go through the fused blocks too
+        assert rel_err(fused(idx)[0], plain(idx)[0]) < 1e-5
+
+
+def test_compiled_kernel_path_is_one_graph():
+    """fullgraph=True fails on any graph break: the custom ops must trace as single nodes."""
+    plain, fused, idx, targets = models_and_batch()
+    plain(idx, targets, return_logits=False)[1].backward()
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    compiled(idx, targets, return_logits=False)[1].backward()
+    assert_same_grads(plain, fused)
+
+
+@pytest.mark.gpu
+def test_configure_sdpa_picks_an_accurate_fused_backend():
+    cuda = torch.backends.cuda
+    saved = (cuda.cudnn_sdp_enabled(), cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+             cuda.math_sdp_enabled())
+    try:
+        name = configure_sdpa(n_head=12, head_size=64)
+        assert name in ("cudnn", "flash", "efficient")
+        assert cuda.math_sdp_enabled() is False  # no silent fallback left on
+    finally:
+        for enable, on in zip((cuda.enable_cudnn_sdp, cuda.enable_flash_sdp, cuda.enable_mem_efficient_sdp,
+                               cuda.enable_math_sdp), saved):
+            enable(on)
