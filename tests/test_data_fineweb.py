@@ -1,0 +1,90 @@
+"""Document sources: local parquet/jsonl folders, the hub path (faked), and the local parquet cache."""
+
+import json
+import sys
+import types
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data.fineweb import DocumentError, download, iter_documents
+
+
+@pytest.fixture
+def local_source(tmp_path):
+    """b.jsonl and a.parquet: read in sorted file order, so a.parquet's documents come first."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": [1, 2], "text": ["first", "second"]}), src / "a.parquet")
+    (src / "b.jsonl").write_text(json.dumps({"text": "third"}) + "\n\n" + json.dumps({"text": "fourth\nline"}) + "\n")
+    (src / "notes.txt").write_text("not a source file, ignored")
+    return src
+
+
+def test_local_folder_in_sorted_file_order(local_source):
+    assert list(iter_documents(local_source)) == ["first", "second", "third", "fourth\nline"]
+    assert list(iter_documents(local_source / "b.jsonl")) == ["third", "fourth\nline"]
+
+
+def test_limit_spans_files(local_source):
+    assert list(iter_documents(local_source, limit=3)) == ["first", "second", "third"]
+    assert list(iter_documents(local_source, limit=0)) == []
+
+
+def test_bad_rows_name_file_and_row(tmp_path):
+    pq.write_table(pa.table({"text": ["ok", None]}), tmp_path / "a.parquet")
+    with pytest.raises(DocumentError, match=r"a\.parquet row 1: 'text' is NoneType, expected a string"):
+        list(iter_documents(tmp_path))
+    (tmp_path / "a.parquet").unlink()
+    (tmp_path / "b.jsonl").write_text('{"text": "ok"}\n{"text": \n')
+    with pytest.raises(DocumentError, match=r"b\.jsonl line 2: not valid JSON"):
+        list(iter_documents(tmp_path))
+    (tmp_path / "b.jsonl").write_text('{"body": "no text field"}\n')
+    with pytest.raises(DocumentError, match=r"b\.jsonl line 1: expected a JSON object with a 'text' field"):
+        list(iter_documents(tmp_path))
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "c.parquet")
+    with pytest.raises(DocumentError, match=r"c\.parquet: no 'text' column"):
+        list(iter_documents(tmp_path / "c.parquet"))
+
+
+def test_unknown_source_is_refused(tmp_path):
+    with pytest.raises(DocumentError, match="neither an existing local path nor a hub id"):
+        list(iter_documents("no-such-folder"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DocumentError, match="expected a .parquet or .jsonl file"):
+        list(iter_documents(tmp_path / "empty"))
+
+
+def test_hub_source_streams_train_split_through_the_same_limit(monkeypatch):
+    calls = []
+
+    def load_dataset(path, name=None, split=None, streaming=False):
+        calls.append((path, name, split, streaming))
+        return ({"text": f"doc {i}", "id": i} for i in range(10**9))  # "endless": must be streamed lazily
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    docs = list(iter_documents("HuggingFaceFW/fineweb-edu", config="sample-10BT", limit=3))
+    assert docs == ["doc 0", "doc 1", "doc 2"]
+    assert calls == [("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", True)]
+
+
+def test_download_makes_a_resumable_local_parquet_cache(local_source, tmp_path):
+    cache = tmp_path / "cache"
+    assert download(str(local_source), None, cache, docs_per_file=3) == cache
+    assert list(iter_documents(cache)) == list(iter_documents(local_source))
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest["num_documents"] == 4
+    assert [f["num_documents"] for f in manifest["files"]] == [3, 1]
+
+    # interrupted after the first part: it is kept, the rest is redone
+    first = cache / "part_00000.parquet"
+    identity = (first.stat().st_ino, first.stat().st_mtime_ns)
+    (cache / "manifest.json").unlink()
+    (cache / "part_00001.parquet").unlink()
+    download(str(local_source), None, cache, docs_per_file=3)
+    assert (first.stat().st_ino, first.stat().st_mtime_ns) == identity
+    assert json.loads((cache / "manifest.json").read_text()) == manifest
+
+    with pytest.raises(FileExistsError, match="describes another download"):
+        download(str(local_source), None, cache, limit=2, docs_per_file=3)
