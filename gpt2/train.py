@@ -136,13 +136,13 @@ def _starting_state(config: TrainConfig, model_config: GPTConfig) -> dict[str, A
     return state
 
 
-def _train_step(
-    model: nn.Module, raw_model: GPT, optimizer: torch.optim.Optimizer, loader: Any, grad_accum: int,
-    config: TrainConfig, ctx: DistContext,
+def forward_backward(
+    model: nn.Module, raw_model: GPT, loader: Any, grad_accum: int, config: TrainConfig, ctx: DistContext
 ) -> tuple[float, float]:
     """Forward/backward over `grad_accum` micro-batches; returns (loss averaged over ranks, grad norm).
 
-    Gradients are left in place for the caller, who decides whether to apply them.
+    `model` is what runs the forward pass (possibly compiled and DDP-wrapped), `raw_model` the plain
+    module whose gradients are clipped. Gradients are left in place: the caller decides whether to apply them.
     """
     model.train()
     loss_accum = torch.zeros((), device=ctx.device)
@@ -190,7 +190,8 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
     from data.loader import DistributedDataLoader
 
     B, T = config.batch_size, config.seq_len
-    train_loader = DistributedDataLoader(config.train_data, B, T, rank=ctx.rank, world_size=ctx.world_size)
+    train_loader = DistributedDataLoader(config.train_data, B, T, rank=ctx.rank, world_size=ctx.world_size,
+                                         shuffle=config.shuffle, seed=config.seed)
     val_loader = (DistributedDataLoader(config.val_data, B, T, rank=ctx.rank, world_size=ctx.world_size)
                   if config.val_every else None)
     if state is not None and "optimizer" in state:  # step 0 holds only the model
@@ -233,7 +234,7 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
         t0 = time.perf_counter()
         lr = lr_at(step, config.lr, config.max_steps, config.warmup_steps, config.lr_schedule,
                    config.final_lr_frac, config.decay_frac)
-        loss, norm = _train_step(model, raw_model, optimizer, train_loader, grad_accum, config, ctx)
+        loss, norm = forward_backward(model, raw_model, train_loader, grad_accum, config, ctx)
         decision = guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
             if ctx.is_master:

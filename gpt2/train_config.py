@@ -44,6 +44,7 @@ class TrainConfig:
     train_data: str = _opt("artifacts/data/fineweb10B/*_train_*.bin", "glob of the training token shards")
     val_data: str = _opt("artifacts/data/fineweb10B/*_val_*.bin", "glob of the validation token shards")
     hellaswag: str | None = _opt(None, "HellaSwag eval file (data.hellaswag); unset: no HellaSwag eval")
+    shuffle: bool = _opt(False, "visit train shards and their samples in a seeded random order each epoch")
     out_dir: str = _opt("artifacts/runs/gpt2-124M", "run directory: checkpoints, metrics.jsonl, tensorboard/")
     # batch
     batch_size: int = _opt(64, "micro-batch size B per rank")
@@ -217,7 +218,7 @@ def validate(config: TrainConfig, world_size: int = 1, check_files: bool = True)
     problems += [f"{n} must be >= 0, got {getattr(config, n)}" for n in non_negative if getattr(config, n) < 0]
 
     micro = config.batch_size * config.seq_len * world_size
-    if config.total_batch_size % micro:
+    if micro > 0 and config.total_batch_size % micro:
         problems.append(
             f"total_batch_size={config.total_batch_size} is not a multiple of batch_size*seq_len*world_size = "
             f"{config.batch_size}*{config.seq_len}*{world_size} = {micro}; set total_batch_size to a multiple "

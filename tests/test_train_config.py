@@ -1,0 +1,96 @@
+"""TrainConfig: defaults = llm.c recipe, file + CLI layering, and validation messages."""
+
+import json
+
+import pytest
+
+from gpt2.train_config import ConfigError, TrainConfig, build_arg_parser, load_config, parse_model_spec, validate
+from tests.fixtures.train.tiny import TINY_MODEL, make_shards
+
+
+def test_defaults_are_the_llmc_124m_recipe():
+    c = TrainConfig()
+    assert (c.model, c.batch_size, c.seq_len, c.total_batch_size) == ("d12", 64, 1024, 524288)
+    assert (c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip) == (6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0)
+    assert (c.warmup_steps, c.max_steps, c.lr_schedule, c.final_lr_frac) == (700, 18865, "cosine", 0.0)
+    assert (c.val_every, c.val_steps, c.hellaswag_every) == (250, 20, 250)
+    assert c.grad_accum_steps(world_size=1) == 8  # 524288 / (64 * 1024)
+    assert c.grad_accum_steps(world_size=8) == 1
+
+
+def test_file_then_cli_override(tmp_path):
+    json_file = tmp_path / "run.json"
+    json_file.write_text(json.dumps({"batch_size": 8, "lr": 1, "out_dir": "x", "compile": None}))
+    yaml_file = tmp_path / "run.yaml"
+    yaml_file.write_text("batch_size: 16\nresume: false\n")
+
+    c = load_config(["--config", str(json_file), "--out-dir", "y"])
+    assert (c.batch_size, c.lr, c.out_dir, c.compile) == (8, 1.0, "y", None)
+    assert isinstance(c.lr, float)  # an int in the file is fine for a float field
+    c = load_config(["--config", str(yaml_file), "--batch-size", "2", "--compile"])
+    assert (c.batch_size, c.resume, c.compile) == (2, False, True)
+    assert load_config(["--no-resume"]).resume is False
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [({"batchsize": 8}, "did you mean 'batch_size'"), ({"batch_size": "8"}, "batch_size must be int"),
+     ({"resume": 1}, "resume must be bool"), ([1, 2], "expected a mapping")],
+)
+def test_bad_config_file_names_the_field(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(["--config", str(path)])
+    assert str(path) in str(e.value)
+
+
+def test_help_lists_every_field(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_arg_parser().parse_args(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--total-batch-size", "--lr-schedule", "--checkpoint-every", "--no-resume", "--skip-loss-z"):
+        assert flag in out
+
+
+def test_model_spec():
+    assert parse_model_spec("d12").n_embd == 768
+    tiny = parse_model_spec(TINY_MODEL)
+    assert (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.block_size, tiny.vocab_size) == (2, 2, 32, 64, 256)
+    assert parse_model_spec("n_layer=1,n_head=1,n_embd=8,vocab_size=300").padded_vocab_size == 384
+    with pytest.raises(ConfigError, match="unknown shape field 'layers'"):
+        parse_model_spec("layers=2")
+    with pytest.raises(ValueError, match="unknown model descriptor"):
+        parse_model_spec("d13")
+
+
+def _valid(tmp_path, **overrides) -> TrainConfig:
+    train_glob, val_glob = make_shards(tmp_path)
+    values = dict(model=TINY_MODEL, train_data=train_glob, val_data=val_glob, batch_size=4, seq_len=16,
+                  total_batch_size=128, sample_every=0)
+    return TrainConfig(**{**values, **overrides})
+
+
+def test_validate_accepts_a_good_config(tmp_path):
+    assert validate(_valid(tmp_path), world_size=2).n_layer == 2
+
+
+@pytest.mark.parametrize(
+    "overrides, world_size, message",
+    [
+        ({"total_batch_size": 100}, 1, r"total_batch_size=100 is not a multiple of .* = 64"),
+        ({}, 3, r"batch_size\*seq_len\*world_size = 4\*16\*3 = 192"),
+        ({"seq_len": 128, "total_batch_size": 512}, 1, "seq_len=128 exceeds the model's max_seq_len 64"),
+        ({"train_data": "/nonexistent/*_train_*.bin"}, 1, "train_data: no files match"),
+        ({"val_data": "/nonexistent/*.bin"}, 1, "--val-every 0"),
+        ({"hellaswag": "/nonexistent.bin"}, 1, "hellaswag: file /nonexistent.bin does not exist"),
+        ({"lr_schedule": "step"}, 1, "lr_schedule='step' is not one of"),
+        ({"sample_every": 10}, 1, "needs the GPT-2 tokenizer's vocabulary"),
+        ({"warmup_steps": 10, "max_steps": 5}, 1, "warmup_steps=10 exceeds max_steps=5"),
+        ({"batch_size": 0}, 1, "batch_size must be > 0"),
+    ],
+)
+def test_validate_says_what_to_change(tmp_path, overrides, world_size, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(_valid(tmp_path, **overrides), world_size=world_size)

@@ -1,0 +1,40 @@
+"""DDP on CPU (gloo): 2 ranks x B=2 train exactly like 1 rank x B=4 (real torchrun processes)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from gpt2.train import train
+from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
+from tests.fixtures.train.tiny import final_params, read_metrics, tiny_config
+
+
+def test_two_ranks_b2_equal_one_rank_b4(tmp_path):
+    one = tiny_config(tmp_path / "one", batch_size=4, total_batch_size=64, max_steps=3, val_every=3, val_steps=2)
+    two = tiny_config(tmp_path / "two", batch_size=2, total_batch_size=64, max_steps=3, val_every=3, val_steps=2)
+    train(one)
+
+    config_file = tmp_path / "two.json"
+    config_file.write_text(json.dumps(two.to_dict()))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "gpt2.train", "--config", str(config_file)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    resolved = json.loads((tmp_path / "two" / "run" / "config.json").read_text())["resolved"]
+    assert (resolved["world_size"], resolved["grad_accum_steps"]) == (2, 1)
+    # only rank 0 logs: one record per step
+    losses_one = [r["loss"] for r in read_metrics(one.out_dir)]
+    losses_two = [r["loss"] for r in read_metrics(two.out_dir)]
+    assert len(losses_two) == 3
+    torch.testing.assert_close(torch.tensor(losses_two), torch.tensor(losses_one), rtol=1e-6, atol=1e-6)
+    # val: per batch, ranks 0 and 1 read the two halves of what the single rank reads
+    val_one, val_two = read_metrics(one.out_dir, "val")[-1], read_metrics(two.out_dir, "val")[-1]
+    assert abs(val_one["val_loss"] - val_two["val_loss"]) < 1e-5
+    params_one, params_two = final_params(one.out_dir), final_params(two.out_dir)
+    for name, value in params_one.items():
+        torch.testing.assert_close(params_two[name], value, rtol=1e-5, atol=1e-6, msg=name)

@@ -1,0 +1,71 @@
+"""AdamW parameter groups and learning-rate schedules against hand computations."""
+
+import math
+
+import pytest
+import torch
+
+from gpt2.model import GPT
+from gpt2.optim import configure_optimizer, lr_at
+from gpt2.train_config import parse_model_spec
+from tests.fixtures.train.tiny import TINY_MODEL
+
+LR, STEPS, WARMUP = 6e-4, 1000, 100
+
+
+def test_warmup_is_linear_from_lr_over_warmup():
+    assert lr_at(0, LR, STEPS, WARMUP) == pytest.approx(LR / 100)
+    assert lr_at(49, LR, STEPS, WARMUP) == pytest.approx(LR * 0.5)
+    assert lr_at(99, LR, STEPS, WARMUP) == pytest.approx(LR)
+
+
+@pytest.mark.parametrize("final_frac", [0.0, 0.1])
+def test_cosine(final_frac):
+    min_lr = LR * final_frac
+    assert lr_at(100, LR, STEPS, WARMUP, "cosine", final_frac) == pytest.approx(LR)
+    assert lr_at(550, LR, STEPS, WARMUP, "cosine", final_frac) == pytest.approx((LR + min_lr) / 2)  # halfway
+    # a quarter of the way: cos(pi/4) = sqrt(2)/2
+    expected = min_lr + 0.5 * (1 + math.sqrt(2) / 2) * (LR - min_lr)
+    assert lr_at(325, LR, STEPS, WARMUP, "cosine", final_frac) == pytest.approx(expected)
+    assert lr_at(STEPS, LR, STEPS, WARMUP, "cosine", final_frac) == pytest.approx(min_lr, abs=1e-15)
+
+
+def test_linear_constant_wsd():
+    assert lr_at(550, LR, STEPS, WARMUP, "linear", 0.1) == pytest.approx(LR - 0.5 * 0.9 * LR)
+    assert lr_at(999, LR, STEPS, WARMUP, "constant") == LR
+    # wsd with decay_frac 0.2: stable until step 800, then linear to min_lr at step 1000
+    assert lr_at(799, LR, STEPS, WARMUP, "wsd", 0.0, 0.2) == LR
+    assert lr_at(900, LR, STEPS, WARMUP, "wsd", 0.0, 0.2) == pytest.approx(LR / 2)
+    assert lr_at(1000, LR, STEPS, WARMUP, "wsd", 0.0, 0.2) == pytest.approx(0.0, abs=1e-15)
+    with pytest.raises(ValueError, match="unknown lr schedule"):
+        lr_at(500, LR, STEPS, WARMUP, "step")
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT.create(parse_model_spec(TINY_MODEL))
+    opt = configure_optimizer(model, lr=1e-3, weight_decay=0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in opt.param_groups[0]["params"]}
+    plain = {names[id(p)] for p in opt.param_groups[1]["params"]}
+    assert (opt.param_groups[0]["weight_decay"], opt.param_groups[1]["weight_decay"]) == (0.1, 0.0)
+    matrices = {"transformer.wte.weight", "transformer.wpe.weight"} | {
+        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    }
+    assert decayed == matrices
+    assert all(n.endswith(".bias") or ".ln_" in n for n in plain)
+    # every parameter exactly once; the tied lm_head is wte, not a second tensor
+    assert len(decayed) + len(plain) == len(list(model.parameters()))
+    assert opt.param_groups[0]["betas"] == (0.9, 0.95) and opt.param_groups[0]["eps"] == 1e-8
+
+
+def test_adamw_step_matches_hand_update():
+    """One AdamW step on a 2-D and a 1-D tensor: decoupled decay only on the 2-D one."""
+    model = torch.nn.Linear(3, 2)
+    w0, b0 = model.weight.detach().clone(), model.bias.detach().clone()
+    opt = configure_optimizer(model, lr=0.1, weight_decay=0.5)
+    model.weight.grad = torch.full_like(w0, 2.0)
+    model.bias.grad = torch.full_like(b0, -3.0)
+    opt.step()
+    # step 1: m_hat = g, v_hat = g^2 -> update = sign(g) (eps negligible)
+    torch.testing.assert_close(model.weight.detach(), w0 * (1 - 0.1 * 0.5) - 0.1)
+    torch.testing.assert_close(model.bias.detach(), b0 + 0.1)
