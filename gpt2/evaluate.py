@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from gpt2.distributed import DistContext, all_reduce_mean, autocast_context, setup, teardown
+from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
 from gpt2.train_config import TrainConfig
 
 
@@ -52,7 +53,11 @@ def hellaswag(model: nn.Module, eval_path: str | os.PathLike, ctx: DistContext, 
             logits, _ = model(tokens.to(ctx.device))
         return logits.float()
 
-    return evaluate(logits_fn, eval_path, rank=ctx.rank, world_size=ctx.world_size)
+    def sum_over_ranks(counts: list[int]) -> list[int]:
+        return all_reduce_sum(torch.tensor(counts, dtype=torch.long, device=ctx.device), ctx).tolist()
+
+    return evaluate(logits_fn, eval_path, rank=ctx.rank, world_size=ctx.world_size, all_reduce=sum_over_ranks,
+                    progress=sys.stderr.isatty())
 
 
 def evaluate_model(
