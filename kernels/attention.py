@@ -51,12 +51,13 @@ def configure_sdpa(
     device: torch.device | str = "cuda",
     preference: tuple[str, ...] = DEFAULT_PREFERENCE,
     seq_len: int = 256,
-    tolerance: float = 2e-2,
+    tolerance: float = 5e-2,
 ) -> str:
     """Enable exactly one CUDA SDPA backend: the first of `preference` that runs and is accurate.
 
     Call once before building/compiling the model (compiled graphs bake the backend in at trace time).
-    Returns the backend's name. tolerance: relative L2 error vs fp32 math; bf16 inputs land near 4e-3.
+    Returns the backend's name. tolerance: relative L2 error vs fp32 math (bf16 inputs land near
+    4e-3, a broken backend near 1).
     """
     g = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(2, n_head, seq_len, head_size, device=device, dtype=dtype, generator=g)

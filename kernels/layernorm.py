@@ -146,7 +146,7 @@ def _add_layernorm_bwd(
         dy = dz.to(y_dtype) if y_dtype is not None else residual.new_empty(0)
         dw, db = (g * xhat).sum(0), g.sum(0)
         return dz.to(residual.dtype), dy, dw.to(weight.dtype), db.to(weight.dtype)
-    n_programs = min(N, 4 * num_sms(residual.device))
+    n_programs = min(N, 8 * num_sms(residual.device))  # enough rows in flight per SM to hide latency
     rows_per_program = -(-N // n_programs)
     n_programs = -(-N // rows_per_program)
     dx = torch.empty_like(residual)

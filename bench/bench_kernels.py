@@ -1,0 +1,213 @@
+"""Per-kernel timings at the training shapes: each fused op vs its torch.compile equivalent.
+
+Every row is one forward + backward (or one optimizer step) timed with CUDA events
+(`triton.testing.do_bench`, median), and the extra GPU memory it needed over its inputs. The floor
+column is the physical lower bound: FLOPs at the measured bf16 matmul rate, or bytes at the measured
+copy bandwidth, whichever is larger (METHOD.md's "two numbers").
+
+    python -m bench.bench_kernels --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from gpt2.config import GPTConfig
+from kernels.attention import BACKENDS
+from kernels.cross_entropy import linear_cross_entropy
+from kernels.layernorm import add_layernorm
+
+
+@dataclass
+class KernelTiming:
+    op: str
+    impl: str
+    ms: float
+    extra_mem_gb: float
+    floor_ms: float | None = None
+
+
+@dataclass
+class Ceilings:
+    matmul_tflops: float  # bf16 8192^3 product
+    copy_tbps: float  # device-to-device copy, bytes read + written
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(median ms, peak extra GB) of fn() on CUDA; memory measured on one warm call."""
+    from triton.testing import do_bench
+
+    fn()  # compile / autotune / allocate outside the measurement
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    extra = (torch.cuda.max_memory_allocated() - base) / 1e9
+    ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+    return ms, extra
+
+
+def measure_ceilings() -> Ceilings:
+    from triton.testing import do_bench
+
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    ms = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    tflops = 2 * 8192**3 / (ms * 1e-3) / 1e12
+    src = torch.randn(2**30 // 4, device="cuda")  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    tbps = 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+    return Ceilings(tflops, tbps)
+
+
+def _floor_ms(flops: float, bytes_moved: float, ceil: Ceilings) -> float:
+    return max(flops / (ceil.matmul_tflops * 1e12), bytes_moved / (ceil.copy_tbps * 1e12)) * 1e3
+
+
+def bench_classifier(cfg: GPTConfig, N: int, ceil: Ceilings, chunk_rows: tuple[int, ...]) -> list[KernelTiming]:
+    """lm_head + cross-entropy forward and backward on N rows, bf16 matmuls, fp32 weight (tied wte)."""
+    C, V, Vp = cfg.n_embd, cfg.vocab_size, cfg.padded_vocab_size
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = (0.02 * torch.randn(Vp, C, device="cuda", generator=g)).requires_grad_()
+    targets = torch.randint(0, V, (N,), device="cuda", generator=g)
+
+    @torch.compile
+    def plain(x, w, targets):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = F.linear(x, w)[:, :V]  # (N, V), as gpt2.model's plain path
+            return F.cross_entropy(logits, targets, ignore_index=-1)
+
+    def fwd_bwd(loss_fn):
+        def run():
+            x.grad = w.grad = None
+            loss_fn().backward()
+        return run
+
+    floor = _floor_ms(6 * N * C * Vp, 0, ceil)
+    rows = [KernelTiming("classifier fwd+bwd", "torch.compile", *timed(fwd_bwd(lambda: plain(x, w, targets))), floor)]
+    for n in chunk_rows:
+        loss_fn = lambda n=n: linear_cross_entropy(x, w, targets, V, compute_dtype=torch.bfloat16, chunk_rows=n)
+        rows.append(KernelTiming("classifier fwd+bwd", f"fused, chunk {n}", *timed(fwd_bwd(loss_fn)), floor))
+    return rows
+
+
+def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
+    """residual (fp32) + branch (bf16) -> (residual, LayerNorm in bf16), forward and backward."""
+    C = cfg.n_embd
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(N, C, device="cuda", generator=g).requires_grad_()
+    y = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    w = torch.ones(C, device="cuda", requires_grad=True)
+    b = torch.zeros(C, device="cuda", requires_grad=True)
+    d_res = torch.randn(N, C, device="cuda", generator=g)
+    d_out = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    @torch.compile
+    def plain(x, y, w, b):
+        r = x + y
+        return r, F.layer_norm(r, (C,), w, b).to(torch.bfloat16)
+
+    def fwd_bwd(fn):
+        def run():
+            x.grad = y.grad = w.grad = b.grad = None
+            torch.autograd.backward(fn(), (d_res, d_out))
+        return run
+
+    # forward: read x 4 + y 2, write residual 4 + out 2; backward: read residual 4 + d_out 2 + d_res 4,
+    # write dx 4 + dy 2 bytes per element
+    floor = _floor_ms(0, 28 * N * C, ceil)
+    return [
+        KernelTiming("add+layernorm fwd+bwd", "torch.compile", *timed(fwd_bwd(lambda: plain(x, y, w, b))), floor),
+        KernelTiming("add+layernorm fwd+bwd", "fused", *timed(fwd_bwd(
+            lambda: add_layernorm(x, y, w, b, out_dtype=torch.bfloat16))), floor),
+    ]
+
+
+def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[KernelTiming]:
+    """Causal SDPA forward + backward, bf16, per backend (unavailable ones are skipped)."""
+    from torch.nn.attention import sdpa_kernel
+
+    nh, hs = cfg.n_head, cfg.head_size
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(B, nh, T, hs, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))  # (B, nh, T, hs)
+    dout = torch.randn_like(q)
+    floor = _floor_ms(3.5 * 2 * B * nh * T * T * hs, 0, ceil)  # causal fwd 2BnhT^2hs; bwd 2.5x fwd
+    rows = []
+    for name in ("cudnn", "flash", "efficient"):
+        def run(name=name):
+            q.grad = k.grad = v.grad = None
+            with sdpa_kernel([BACKENDS[name]]):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(dout)
+        try:
+            rows.append(KernelTiming("causal attention fwd+bwd", f"sdpa {name}", *timed(run), floor))
+        except RuntimeError as e:
+            print(f"attention backend {name} unavailable: {str(e).splitlines()[0]}")
+    return rows
+
+
+def bench_adamw(cfg: GPTConfig, ceil: Ceilings) -> list[KernelTiming]:
+    """One AdamW step over the model's parameters: torch's fused (one kernel) vs foreach."""
+    from gpt2.model import GPT
+    from gpt2.optim import configure_optimizer
+
+    model = GPT.create(cfg, device="cuda")
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    n = model.num_parameters()
+    floor = _floor_ms(0, 4 * n * (4 + 3), ceil)  # read p, g, m, v; write p, m, v (fp32)
+    rows = []
+    for fused in (True, False):
+        opt = configure_optimizer(model, 6e-4, 0.1, fused=fused)
+        rows.append(KernelTiming("AdamW step", "torch fused" if fused else "torch foreach", *timed(opt.step), floor))
+    return rows
+
+
+def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...]) -> tuple[Ceilings, list[KernelTiming]]:
+    ceil = measure_ceilings()
+    rows = []
+    for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows), lambda: bench_add_layernorm(cfg, B * T, ceil),
+                  lambda: bench_attention(cfg, B, T, ceil), lambda: bench_adamw(cfg, ceil)):
+        rows += bench()
+        torch.cuda.empty_cache()
+    return ceil, rows
+
+
+def format_table(ceil: Ceilings, rows: list[KernelTiming]) -> str:
+    lines = [f"ceilings: bf16 matmul {ceil.matmul_tflops:.0f} TFLOP/s, copy {ceil.copy_tbps:.2f} TB/s", "",
+             "| op | implementation | ms | floor ms | extra GPU memory GB |", "| --- | --- | ---: | ---: | ---: |"]
+    for r in rows:
+        floor = f"{r.floor_ms:.2f}" if r.floor_ms is not None else ""
+        lines.append(f"| {r.op} | {r.impl} | {r.ms:.2f} | {floor} | {r.extra_mem_gb:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="d12", help="model descriptor (default d12)")
+    parser.add_argument("--batch-size", type=int, default=64, help="micro-batch B (default 64)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="sequence length T (default 1024)")
+    parser.add_argument("--chunk-rows", type=int, nargs="+", default=[8192, 16384],
+                        help="fused classifier chunk sizes to time (default 8192 16384)")
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    ceil, rows = run_all(GPTConfig.from_descriptor(args.model), args.batch_size, args.seq_len, tuple(args.chunk_rows))
+    print(format_table(ceil, rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ceilings": asdict(ceil), "rows": [asdict(r) for r in rows]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Training-step benchmark: our kernels vs plain PyTorch + torch.compile, in one run, one table.
+
+For each variant it builds the model (llm.c init), fused AdamW and torch.compile, then times full
+optimizer steps (grad_accum micro-steps of B x T random tokens under bf16 autocast, grad-norm clip,
+AdamW) after warm-up, and reports tokens/s, MFU, peak GPU memory and step time:
+
+  kernels   GPT(use_kernels=True): fused residual+LayerNorm, fused classifier, SDPA backend checked
+            and pinned by kernels.configure_sdpa (cuDNN first), torch.compile for the rest
+  baseline  GPT(use_kernels=False): plain model + torch.compile + SDPA flash + fused AdamW
+
+Each variant also profiles one step, CUDA time grouped by kernel kind (where the time goes). Then,
+unless switched off: per-kernel timings at the training shapes (bench/bench_kernels.py) and the
+numerics check (bench/numerics.py). Results also go to --out as JSON, profile and log files.
+
+    python -m bench.bench_train --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from gpt2.config import GPTConfig
+from gpt2.distributed import autocast_context
+from gpt2.model import GPT
+from gpt2.optim import configure_optimizer
+from gpt2.train import flops_per_token, peak_flops
+from kernels.attention import configure_sdpa
+
+VARIANTS = {  # name -> (use_kernels, SDPA backend preference)
+    "kernels": (True, ("cudnn", "flash")),
+    "baseline": (False, ("flash",)),
+}
+
+
+@dataclass
+class StepResult:
+    variant: str
+    model: str
+    B: int
+    T: int
+    grad_accum: int
+    step_ms: float
+    tokens_per_s: float
+    mfu: float
+    peak_mem_gb: float  # max allocated by tensors
+    peak_reserved_gb: float  # max held by the caching allocator (what nvidia-smi would show, roughly)
+    sdpa_backend: str
+    loss: float
+    profile_ms: list[tuple[str, float]] | None = None  # CUDA time of one step by kernel kind
+
+
+def environment() -> dict[str, str]:
+    import triton
+
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def train_step_fn(model: torch.nn.Module, raw: GPT, optimizer: torch.optim.Optimizer,
+                  batches: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """One optimizer step over batches (grad_accum, B, T+1), as gpt2.train does it (without DDP)."""
+    grad_accum = batches.size(0)
+    device = batches.device
+
+    def step() -> torch.Tensor:
+        loss_sum = torch.zeros((), device=device)
+        for tokens in batches:
+            x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
+            with autocast_context(device, "bfloat16"):
+                _, loss = model(x, y, return_logits=False)
+            loss = loss / grad_accum
+            loss.backward()
+            loss_sum += loss.detach()
+        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss_sum
+
+    return step
+
+
+def measure_variant(variant: str, descriptor: str, B: int, T: int, grad_accum: int, steps: int,
+                    warmup: int, profile_path: Path | None = None) -> StepResult:
+    """Median step time over `steps` after `warmup`; with profile_path, then one profiled step too."""
+    use_kernels, sdpa_preference = VARIANTS[variant]
+    config = GPTConfig.from_descriptor(descriptor)
+    torch._dynamo.reset()  # each variant compiles from scratch with its own SDPA backend
+    torch.cuda.empty_cache()
+    sdpa = configure_sdpa(config.n_head, config.head_size, preference=sdpa_preference)
+    raw = GPT.create(config, seed=42, device="cuda", use_kernels=use_kernels)
+    optimizer = configure_optimizer(raw, 6e-4, 0.1, fused=True)
+    model = torch.compile(raw)
+    g = torch.Generator(device="cuda").manual_seed(1337)
+    batches = torch.randint(0, config.vocab_size, (grad_accum, B, T + 1), device="cuda", generator=g)
+    step = train_step_fn(model, raw, optimizer, batches)
+    for _ in range(warmup):  # compile, autotune, allocator warm-up
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    dt = sorted(times)[len(times) // 2]
+    tokens = grad_accum * B * T
+    peak = peak_flops(torch.device("cuda")) or float("nan")  # bf16 dense peak of this GPU (989e12 on H100)
+    mfu = flops_per_token(config, raw.num_parameters(), T) * tokens / dt / peak
+    result = StepResult(variant, descriptor, B, T, grad_accum, dt * 1e3, tokens / dt, mfu,
+                        torch.cuda.max_memory_allocated() / 1e9, torch.cuda.max_memory_reserved() / 1e9,
+                        sdpa, float(loss))
+    if profile_path is not None:
+        result.profile_ms = profile_step(step, profile_path)
+    del model, raw, optimizer, step
+    return result
+
+
+def profile_step(step: Callable[[], torch.Tensor], table_path: Path) -> list[tuple[str, float]]:
+    """CUDA time of one (warm) optimizer step grouped by kernel kind, in ms, largest first; the
+    profiler's per-kernel table goes to table_path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    table_path.write_text(events.table(sort_by="self_device_time_total", row_limit=60))
+    groups: dict[str, float] = {}
+    for e in events:
+        kind = kernel_kind(e.key)
+        groups[kind] = groups.get(kind, 0.0) + e.self_device_time_total / 1e3
+    return sorted(((k, ms) for k, ms in groups.items() if ms > 0), key=lambda kv: -kv[1])
+
+
+def kernel_kind(name: str) -> str:
+    n = name.lower()
+    kinds = [
+        ("fused classifier (ours)", ("_cross_entropy_rows",)),
+        ("fused add+layernorm (ours)", ("_add_layernorm",)),
+        ("attention", ("flash", "fmha", "cudnn", "sdpa", "attention")),
+        ("matmul (cuBLAS)", ("gemm", "nvjet", "xmma", "cutlass", "cublas")),
+        ("optimizer (fused AdamW)", ("adam",)),
+        ("compiled pointwise/reductions (inductor)", ("triton_",)),
+        ("grad-norm clip", ("multi_tensor", "norm", "foreach")),
+        ("eager elementwise (casts, adds, copies)", ("elementwise", "reduce_kernel", "copy")),
+    ]
+    return next((kind for kind, keys in kinds if any(k in n for k in keys)), "other")
+
+
+def format_profile(groups: list[tuple[str, float]]) -> str:
+    total = sum(ms for _, ms in groups)
+    rows = [f"| {kind} | {ms:.1f} | {100 * ms / total:.1f}% |" for kind, ms in groups]
+    return "\n".join(["CUDA time of one optimizer step by kernel kind:",
+                      "| kind | ms | share |", "| --- | ---: | ---: |", *rows, f"| total | {total:.1f} | |"])
+
+
+def format_steps(results: list[StepResult]) -> str:
+    lines = ["| variant | model | B x T x accum | SDPA | step ms | tokens/s | MFU | peak alloc GB | peak reserved GB |",
+             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        lines.append(f"| {r.variant} | {r.model} | {r.B} x {r.T} x {r.grad_accum} | {r.sdpa_backend} | "
+                     f"{r.step_ms:.1f} | {r.tokens_per_s:,.0f} | {100 * r.mfu:.1f}% | {r.peak_mem_gb:.1f} | "
+                     f"{r.peak_reserved_gb:.1f} |")
+    by_name = {r.variant: r for r in results if r.model == results[0].model}
+    if "kernels" in by_name and "baseline" in by_name:
+        ratio = by_name["kernels"].tokens_per_s / by_name["baseline"].tokens_per_s
+        lines.append(f"\nkernels / baseline tokens/s: {ratio:.3f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="d12", help="model descriptor (default d12)")
+    parser.add_argument("--batch-size", type=int, default=64, help="micro-batch B (default 64)")
+    parser.add_argument("--seq-len", type=int, default=1024, help="sequence length T (default 1024)")
+    parser.add_argument("--total-batch", type=int, default=524288,
+                        help="tokens per optimizer step; grad_accum = total / (B*T) (default 524288)")
+    parser.add_argument("--grad-accum", type=int, default=None,
+                        help="override the micro-steps per timed step (steady state is per micro-step)")
+    parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps per variant (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile) (default 1)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--no-kernel-table", action="store_true", help="skip the per-kernel timings")
+    parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel-kind profile")
+    parser.add_argument("--numerics-steps", type=int, default=50, help="0 skips the numerics check (default 50)")
+    parser.add_argument("--extra", nargs="*", default=[], metavar="MODEL:B",
+                        help="also time the kernels variant of these, e.g. d24:16 (grad_accum from --total-batch)")
+    parser.add_argument("--out", default="artifacts/bench", help="folder for JSON, profile and log files")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = True  # as gpt2.train sets it
+    torch.backends.cudnn.allow_tf32 = True
+
+    report: dict = {"env": environment(), "args": vars(args)}
+    print(json.dumps(report["env"]), flush=True)
+    sections: list[str] = []
+
+    def section(name: str, fn: Callable[[], str]) -> None:
+        """Run one part; a failure is logged and the others still run (one GPU session, one shot)."""
+        t0 = time.perf_counter()
+        try:
+            text = fn()
+        except Exception:  # noqa: BLE001 - keep the rest of the benchmark
+            text = f"FAILED:\n{traceback.format_exc()}"
+        sections.append(f"## {name} ({time.perf_counter() - t0:.0f} s)\n{text}")
+        print(sections[-1], flush=True)
+        (out_dir / "bench.json").write_text(json.dumps(report, indent=1, default=str))
+
+    B, T = args.batch_size, args.seq_len
+    grad_accum = args.grad_accum or args.total_batch // (B * T)
+    results: list[StepResult] = []
+
+    def steps_section(variant: str) -> str:
+        profile = None if args.no_profile else out_dir / f"profile_{variant}.txt"
+        r = measure_variant(variant, args.model, B, T, grad_accum, args.steps, args.warmup, profile)
+        results.append(r)
+        report["steps"] = [asdict(x) for x in results]
+        return "\n\n".join([format_steps([r])] + ([format_profile(r.profile_ms)] if r.profile_ms else []))
+
+    for variant in args.variants:  # one section each: an OOM in one still leaves the other
+        section(f"train step: {variant}", lambda variant=variant: steps_section(variant))
+    if not args.no_kernel_table:
+        from bench.bench_kernels import format_table, run_all
+
+        def kernels_section() -> str:
+            ceil, rows = run_all(GPTConfig.from_descriptor(args.model), B, T, (8192, 16384))
+            report["kernels"] = {"ceilings": asdict(ceil), "rows": [asdict(r) for r in rows]}
+            return format_table(ceil, rows)
+
+        section("per kernel", kernels_section)
+    if args.numerics_steps:
+        from bench.numerics import compare_paths
+
+        def numerics_section() -> str:
+            result = compare_paths(args.model, B=8, T=T, steps=args.numerics_steps)
+            report["numerics"] = result
+            return result["summary"]
+
+        section("numerics: kernels vs plain", numerics_section)
+    for spec in args.extra:
+        model, b = spec.split(":")
+
+        def extra_section(model=model, b=int(b)) -> str:
+            r = measure_variant("kernels", model, b, T, args.total_batch // (b * T), steps=2, warmup=1)
+            results.append(r)
+            report["steps"] = [asdict(x) for x in results]
+            return format_steps([r])
+
+        section(f"kernels {model} B={b}", extra_section)
+
+    summary = "\n\n".join(sections)
+    (out_dir / "bench.md").write_text(f"{json.dumps(report['env'])}\n\n{summary}\n")
+    print("\n# summary\n" + format_steps(results) if results else "no step results", flush=True)
+
+
+if __name__ == "__main__":
+    main()

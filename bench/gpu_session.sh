@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Everything the kernel work needs from one GPU session, in one go (device time is scarce):
+# GPU facts, the kernel tests on CUDA, then the training-step benchmark with its per-kernel table,
+# profiles and numerics check. Logs and JSON go to ${OUT:-artifacts/bench}.
+#   bench/gpu_session.sh [extra bench_train.py arguments]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-artifacts/bench}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+$PY -m pytest tests/test_kernels_cross_entropy.py tests/test_kernels_layernorm.py tests/test_kernels_model.py \
+    -q -x -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/tests.txt"
+$PY -m bench.bench_train --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_log.txt"
