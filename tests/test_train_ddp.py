@@ -9,12 +9,14 @@ import torch
 
 from gpt2.train import train
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
-from tests.fixtures.train.tiny import final_params, read_metrics, tiny_config
+from tests.fixtures.train.tiny import TINY_GPT2_VOCAB_MODEL, final_params, read_metrics, tiny_config, write_hellaswag_file
 
 
 def test_two_ranks_b2_equal_one_rank_b4(tmp_path):
-    one = tiny_config(tmp_path / "one", batch_size=4, total_batch_size=64, max_steps=3, val_every=3, val_steps=2)
-    two = tiny_config(tmp_path / "two", batch_size=2, total_batch_size=64, max_steps=3, val_every=3, val_steps=2)
+    evals = dict(model=TINY_GPT2_VOCAB_MODEL, max_steps=3, val_every=3, val_steps=2, hellaswag_every=3,
+                 hellaswag=str(write_hellaswag_file(tmp_path / "hellaswag.bin", n_examples=7)))
+    one = tiny_config(tmp_path / "one", batch_size=4, total_batch_size=64, **evals)
+    two = tiny_config(tmp_path / "two", batch_size=2, total_batch_size=64, **evals)
     train(one)
 
     config_file = tmp_path / "two.json"
@@ -35,6 +37,10 @@ def test_two_ranks_b2_equal_one_rank_b4(tmp_path):
     # val: per batch, ranks 0 and 1 read the two halves of what the single rank reads
     val_one, val_two = read_metrics(one.out_dir, "val")[-1], read_metrics(two.out_dir, "val")[-1]
     assert abs(val_one["val_loss"] - val_two["val_loss"]) < 1e-5
+    # HellaSwag: rank 0 scores examples 0, 2, 4, 6 and rank 1 the rest; counts are summed over ranks
+    hs_one, hs_two = read_metrics(one.out_dir, "hellaswag")[-1], read_metrics(two.out_dir, "hellaswag")[-1]
+    assert hs_one["n"] == hs_two["n"] == 7
+    assert (hs_two["correct"], hs_two["correct_norm"]) == (hs_one["correct"], hs_one["correct_norm"])
     params_one, params_two = final_params(one.out_dir), final_params(two.out_dir)
     for name, value in params_one.items():
         torch.testing.assert_close(params_two[name], value, rtol=1e-5, atol=1e-6, msg=name)
