@@ -176,6 +176,14 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
         torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(config.seed)
 
+    sdpa_backend = None
+    if use_kernels and ctx.device.type == "cuda":
+        from kernels import configure_sdpa
+
+        # pin one checked attention backend before the model is built and compiled (kernels/attention.py)
+        act_dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
+        sdpa_backend = configure_sdpa(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
+
     # model, optimizer, guard: fresh, from the init stage's step 0, or from the latest checkpoint
     state = _starting_state(config, model_config)
     if state is None:
@@ -216,7 +224,9 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
     if ctx.is_master:
         out_dir.mkdir(parents=True, exist_ok=True)
         resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
-                    "compile": use_compile, "kernels": use_kernels, "num_params": num_params}
+                    "compile": use_compile, "kernels": use_kernels, "sdpa_backend": sdpa_backend,
+                    "num_params": num_params, "torch": torch.__version__,
+                    "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
         write_json_atomic(out_dir / "config.json", {**config.to_dict(), "resolved": resolved})
         print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {B} x T {T} x "
               f"grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | device {ctx.device} | "

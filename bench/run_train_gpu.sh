@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Training throughput of the real training program (python -m gpt2.train) on this host's GPUs:
+# d12, B=64, T=1024, total batch 524,288 tokens, on synthetic random-token shards; first on 1 GPU,
+# then on all visible GPUs (when there are more than one). Prints tokens/s, MFU and peak memory per
+# run, and the multi-GPU scaling, from each run's metrics.jsonl; writes them to $OUT/summary.json.
+#
+#   bench/run_train_gpu.sh [extra gpt2.train flags, e.g. --no-kernels or --no-compile]
+#
+# Environment: OUT (default artifacts/bench/train), STEPS (default 40), SKIP (untimed first steps:
+# compilation and warm-up, default 10), PYTHON (default .venv/bin/python if present, else python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-artifacts/bench/train}
+STEPS=${STEPS:-40}
+SKIP=${SKIP:-10}
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+if [[ "$NGPU" -lt 1 ]]; then
+    echo "no CUDA GPU visible; this benchmark needs one" >&2
+    exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+
+# synthetic shards: enough train tokens for STEPS steps without wrapping, one val shard
+"$PYTHON" - "$OUT/shards" "$STEPS" <<'EOF'
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data.shards import write_shard
+
+out, steps = Path(sys.argv[1]), int(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+rng = np.random.default_rng(0)
+for name, ntok in (("synthetic_val_000000.bin", 2**21 + 1), ("synthetic_train_000001.bin", steps * 524288 + 1)):
+    if not (out / name).exists():
+        write_shard(out / name, rng.integers(0, 50257, ntok, dtype=np.uint16))
+print(f"shards in {out}")
+EOF
+
+run() {  # run NPROC: one training run of STEPS steps on NPROC GPUs
+    local nproc=$1 dir="$OUT/run_${1}gpu"
+    rm -rf "$dir"
+    echo "=== d12 on $nproc GPU(s) -> $dir"
+    "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m gpt2.train \
+        --model d12 --batch-size 64 --seq-len 1024 --total-batch-size 524288 --max-steps "$STEPS" \
+        --train-data "$OUT/shards/*_train_*.bin" --val-data "$OUT/shards/*_val_*.bin" \
+        --val-every 0 --hellaswag-every 0 --sample-every 0 --checkpoint-every 0 --log-every 5 \
+        --out-dir "$dir" --no-resume "${@:2}" 2>&1 | tee "$OUT/log_${nproc}gpu.txt"
+}
+
+run 1 "$@"
+if [[ "$NGPU" -gt 1 ]]; then
+    run "$NGPU" "$@"
+fi
+
+"$PYTHON" - "$OUT" "$SKIP" <<'EOF'
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+out, skip = Path(sys.argv[1]), int(sys.argv[2])
+runs, settings, resolved = {}, {}, {}
+for run_dir in sorted(out.glob("run_*gpu")):
+    settings = json.loads((run_dir / "config.json").read_text())
+    config = resolved = settings["resolved"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "train"][skip:]
+    if not steps:
+        sys.exit(f"{run_dir}: no train steps after the first {skip}; raise STEPS")
+    runs[config["world_size"]] = {
+        "gpus": config["world_size"],
+        "grad_accum_steps": config["grad_accum_steps"],
+        "tokens_per_s": statistics.median(r["tok_s"] for r in steps),
+        "mfu": statistics.median(r["mfu"] for r in steps) if steps[0]["mfu"] is not None else None,
+        "peak_mem_gb": max(r.get("peak_mem_gb", 0.0) for r in steps),
+        "ms_per_step": statistics.median(r["ms"] for r in steps),
+        "timed_steps": len(steps),
+        "kernels": config["kernels"],
+        "compile": config["compile"],
+        "sdpa_backend": config.get("sdpa_backend"),
+    }
+summary = {
+    "gpu": resolved.get("gpu"),
+    "torch": resolved.get("torch"),
+    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    **{key: settings.get(key) for key in ("model", "batch_size", "seq_len", "total_batch_size")},
+    "runs": list(runs.values()),
+}
+print(f"\n{summary['gpu']} | torch {summary['torch']} | {summary['date']}")
+print(f"{'GPUs':>4} {'tokens/s':>12} {'MFU':>7} {'peak GB/GPU':>12} {'ms/step':>9}")
+for r in runs.values():
+    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+    print(f"{r['gpus']:>4} {r['tokens_per_s']:>12,.0f} {mfu:>7} {r['peak_mem_gb']:>12.1f} {r['ms_per_step']:>9.1f}")
+if len(runs) > 1:
+    n = max(runs)
+    summary["scaling"] = runs[n]["tokens_per_s"] / runs[1]["tokens_per_s"]
+    print(f"scaling {n} GPUs / 1 GPU: {summary['scaling']:.2f}x (target >= {0.95 * n:.2f}x)")
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+print(f"written {out / 'summary.json'}")
+EOF
