@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,35 +57,51 @@ def peak_flops(device: torch.device, override: float = 0.0) -> float | None:
 
 
 class MetricsLogger:
-    """metrics.jsonl + TensorBoard scalars + one console line per step; silent on ranks other than 0."""
+    """metrics.jsonl, TensorBoard scalars and console lines (through a progress bar when interactive).
 
-    def __init__(self, out_dir: Path, enabled: bool, resume_step: int, log_every: int):
+    Every method is a no-op on ranks other than 0.
+    """
+
+    def __init__(self, out_dir: Path, enabled: bool, start_step: int, max_steps: int):
         self.enabled = enabled
-        self.log_every = log_every
         self.path = out_dir / "metrics.jsonl"
         self.writer = None
+        self.progress = None
         if not enabled:
             return
-        self._truncate(resume_step)
+        self._truncate(start_step)
         self.file = open(self.path, "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=resume_step)
+            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start_step)
         except ImportError:
             print("warning: tensorboard is not installed; no TensorBoard logs", file=sys.stderr, flush=True)
+        if sys.stderr.isatty():
+            from tqdm import tqdm
 
-    def _truncate(self, resume_step: int) -> None:
-        """Drop records from steps after the checkpoint we resume from (a killed run may have logged them)."""
+            self.progress = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def _truncate(self, start_step: int) -> None:
+        """Drop records of steps >= start_step: a killed run may have logged past its last checkpoint."""
         if not self.path.exists():
             return
         kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] < resume_step]
+                if line.strip() and json.loads(line)["step"] < start_step]
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)
 
-    def log(self, record: dict[str, Any], tb_prefix: str = "", console: str | None = None) -> None:
+    def print(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.progress is not None:
+            self.progress.write(line)
+        else:
+            print(line, flush=True)  # flush: a parent process streaming stdout sees every line live
+
+    def log(self, record: dict[str, Any], tb_prefix: str, line: str | None = None) -> None:
+        """Append `record` (NaN/inf written as null) and its numbers as `tb_prefix/key` scalars."""
         if not self.enabled:
             return
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
@@ -94,21 +110,27 @@ class MetricsLogger:
         if self.writer is not None:
             for key, value in record.items():
                 if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(f"{tb_prefix}{key}", value, record["step"])
-        if console is not None:
-            print(console, flush=True)  # flush: a parent process streaming stdout sees every line live
+                    self.writer.add_scalar(f"{tb_prefix}/{key}", value, record["step"])
+        if line is not None:
+            self.print(line)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        if self.enabled:
-            print(text, flush=True)
-            if self.writer is not None:
-                self.writer.add_text(tag, text, step)
+        self.print(text)
+        if self.enabled and self.writer is not None:
+            self.writer.add_text(tag, text, step)
+
+    def advance(self) -> None:
+        if self.progress is not None:
+            self.progress.update(1)
 
     def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.writer is not None:
-                self.writer.close()
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.progress is not None:
+            self.progress.close()
 
 
 def _resolve_flags(config: TrainConfig, device: torch.device) -> tuple[bool, bool]:
@@ -164,62 +186,82 @@ def forward_backward(
     return loss_accum.item(), norm.item()
 
 
+@dataclass
+class _Run:
+    """What a training run is made of once built (or restored from a checkpoint)."""
+
+    raw_model: GPT  # the plain module: state dicts, evaluation with varying shapes, sampling
+    model: nn.Module  # what the training step calls: possibly compiled and DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    guard: OutlierGuard
+    train_loader: Any
+    val_loader: Any | None
+    start_step: int
+
+
+def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, use_compile: bool,
+               use_kernels: bool) -> _Run:
+    """Model, optimizer, guard and loaders: fresh, from the init stage's step 0, or from the latest checkpoint."""
+    from data.loader import DistributedDataLoader
+
+    state = _starting_state(config, model_config)
+    if state is None:
+        raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
+    else:
+        raw_model = ckpt.model_from_state(state, ctx.device, use_kernels=use_kernels)
+    optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
+                                    config.eps, fused=ctx.device.type == "cuda")
+    guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
+    B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
+    train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, shuffle=config.shuffle, seed=config.seed)
+    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world) if config.val_every else None
+
+    if state is not None and "optimizer" in state:  # step 0 holds only the model
+        if state["world_size"] != world:
+            raise ValueError(
+                f"checkpoint step {state['step']} in {config.out_dir} was written by {state['world_size']} ranks, "
+                f"this run has {world}; data-loader positions are per rank, so resume with the same world size"
+            )
+        optimizer.load_state_dict(state["optimizer"])
+        guard.load_state_dict(state["guard"])
+        train_loader.load_state_dict(state["loader"][rank])
+        ckpt.restore_rng_state(state["rng"][rank])
+
+    model: nn.Module = torch.compile(raw_model) if use_compile else raw_model
+    if ctx.is_distributed:
+        model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+    start_step = state["step"] if state is not None else 0
+    return _Run(raw_model, model, optimizer, guard, train_loader, val_loader, start_step)
+
+
+def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, use_kernels: bool) -> str | None:
+    """TF32 on, and with kernels the one checked attention backend pinned; returns its name (None on CPU)."""
+    if ctx.device.type != "cuda":
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any float32 matmul left outside autocast
+    torch.backends.cudnn.allow_tf32 = True
+    if not use_kernels:
+        return None
+    from kernels import configure_sdpa
+
+    # before the model is built and compiled: compiled graphs bake the backend in (kernels/attention.py)
+    act_dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
+    return configure_sdpa(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
+
+
 def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]:
     """Run (or resume) training as configured; returns the run summary (also written to summary.json)."""
     ctx = ctx or setup(config.device)
     model_config = validate(config, ctx.world_size)
     grad_accum = config.grad_accum_steps(ctx.world_size)
     use_compile, use_kernels = _resolve_flags(config, ctx.device)
-    out_dir = Path(config.out_dir)
-    if ctx.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any float32 matmul left outside autocast
-        torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(config.seed)
+    sdpa_backend = _configure_cuda(config, model_config, ctx, use_kernels)
+    run = _build_run(config, model_config, ctx, use_compile, use_kernels)
+    out_dir = Path(config.out_dir)
 
-    sdpa_backend = None
-    if use_kernels and ctx.device.type == "cuda":
-        from kernels import configure_sdpa
-
-        # pin one checked attention backend before the model is built and compiled (kernels/attention.py)
-        act_dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
-        sdpa_backend = configure_sdpa(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
-
-    # model, optimizer, guard: fresh, from the init stage's step 0, or from the latest checkpoint
-    state = _starting_state(config, model_config)
-    if state is None:
-        raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
-    else:
-        raw_model = ckpt.model_from_state(state, ctx.device, use_kernels=use_kernels)
-    start_step = state["step"] if state else 0
-    optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
-                                    config.eps, fused=ctx.device.type == "cuda")
-    guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
-
-    from data.loader import DistributedDataLoader
-
-    B, T = config.batch_size, config.seq_len
-    train_loader = DistributedDataLoader(config.train_data, B, T, rank=ctx.rank, world_size=ctx.world_size,
-                                         shuffle=config.shuffle, seed=config.seed)
-    val_loader = (DistributedDataLoader(config.val_data, B, T, rank=ctx.rank, world_size=ctx.world_size)
-                  if config.val_every else None)
-    if state is not None and "optimizer" in state:  # step 0 holds only the model
-        if state["world_size"] != ctx.world_size:
-            raise ValueError(
-                f"checkpoint step {start_step} in {out_dir} was written by {state['world_size']} ranks, this run "
-                f"has {ctx.world_size}; data-loader positions are per rank, so resume with the same world size"
-            )
-        optimizer.load_state_dict(state["optimizer"])
-        guard.load_state_dict(state["guard"])
-        train_loader.load_state_dict(state["loader"][ctx.rank])
-        ckpt.restore_rng_state(state["rng"][ctx.rank])
-    del state  # the model and optimizer hold their own copies now
-
-    model: nn.Module = torch.compile(raw_model) if use_compile else raw_model
-    if ctx.is_distributed:
-        model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-
-    num_params = raw_model.num_parameters()
-    flops_per_step = flops_per_token(model_config, num_params, T) * config.total_batch_size
+    num_params = run.raw_model.num_parameters()
+    flops_per_step = flops_per_token(model_config, num_params, config.seq_len) * config.total_batch_size
     peak = peak_flops(ctx.device, config.peak_flops)
     if ctx.is_master:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -228,83 +270,68 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
                     "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
         write_json_atomic(out_dir / "config.json", {**config.to_dict(), "resolved": resolved})
-        print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {B} x T {T} x "
-              f"grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | device {ctx.device} | "
-              f"compile {use_compile} | start step {start_step}/{config.max_steps}", flush=True)
-    logger = MetricsLogger(out_dir, ctx.is_master, start_step, config.log_every)
-    progress = _progress_bar(ctx, start_step, config.max_steps)
+    logger = MetricsLogger(out_dir, ctx.is_master, run.start_step, config.max_steps)
+    logger.print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {config.batch_size} x "
+                 f"T {config.seq_len} x grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | "
+                 f"device {ctx.device} | compile {use_compile} | start step {run.start_step}/{config.max_steps}")
 
-    summary: dict[str, Any] = {"out_dir": str(out_dir), "start_step": start_step}
-    for step in range(start_step, config.max_steps + 1):
+    summary: dict[str, Any] = {"out_dir": str(out_dir), "start_step": run.start_step}
+    for step in range(run.start_step, config.max_steps + 1):
         last_step = step == config.max_steps
-        summary.update(_evaluate_if_due(step, last_step, config, raw_model, model, val_loader, ctx, logger))
+        summary.update(_evaluate_if_due(step, last_step, config, run, ctx, logger))
         if last_step:
             break
 
         t0 = time.perf_counter()
         lr = lr_at(step, config.lr, config.max_steps, config.warmup_steps, config.lr_schedule,
                    config.final_lr_frac, config.decay_frac)
-        loss, norm = forward_backward(model, raw_model, train_loader, grad_accum, config, ctx)
-        decision = guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
+        loss, norm = forward_backward(run.model, run.raw_model, run.train_loader, grad_accum, config, ctx)
+        decision = run.guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
-            if ctx.is_master:
-                print(f"step {step + 1}: update skipped: {decision.reason}", file=sys.stderr, flush=True)
+            logger.print(f"step {step + 1}: update skipped: {decision.reason}")
         else:
-            for group in optimizer.param_groups:
+            for group in run.optimizer.param_groups:
                 group["lr"] = lr
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
         if ctx.device.type == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # the step's kernels have finished: dt is the step's real time
         dt = time.perf_counter() - t0
 
-        tokens_per_s = config.total_batch_size / dt
         mfu = flops_per_step / dt / (peak * ctx.world_size) if peak else None
         record = {"step": step, "kind": "train", "loss": loss, "lr": lr, "norm": norm, "ms": dt * 1e3,
-                  "tok_s": tokens_per_s, "mfu": mfu, "skipped": decision.skip,
+                  "tok_s": config.total_batch_size / dt, "mfu": mfu, "skipped": decision.skip,
                   "loss_z": decision.loss_z, "norm_z": decision.norm_z}
         if ctx.device.type == "cuda":
             record["peak_mem_gb"] = torch.cuda.max_memory_allocated(ctx.device) / 2**30
-        line = (f"step {step + 1:5d}/{config.max_steps} | loss {loss:.6f} | lr {lr:.2e} | norm {norm:.4f} | "
-                f"{dt * 1e3:.1f} ms | {tokens_per_s:,.0f} tok/s" + (f" | MFU {100 * mfu:.1f}%" if mfu else ""))
-        show = (step + 1) % config.log_every == 0 or step == start_step or step + 1 == config.max_steps
-        logger.log(record, tb_prefix="train/", console=_console(line, progress) if show else None)
+        show = (step + 1) % config.log_every == 0 or step == run.start_step or step + 1 == config.max_steps
+        logger.log(record, "train", _step_line(record, config.max_steps) if show else None)
+        logger.advance()
         summary.update(train_loss=loss, steps=step + 1)
-        if progress is not None:
-            progress.update(1)
 
         completed = step + 1
         if completed == config.max_steps or (config.checkpoint_every and completed % config.checkpoint_every == 0):
-            summary["checkpoint"] = _save(completed, config, model_config, raw_model, optimizer, guard, train_loader,
-                                          ctx)
+            summary["checkpoint"] = _save(completed, config, model_config, run, ctx)
 
-    if progress is not None:
-        progress.close()
     logger.close()
     if ctx.is_master:
         write_json_atomic(out_dir / "summary.json", summary)
     return summary
 
 
-def _progress_bar(ctx: DistContext, start_step: int, max_steps: int):
-    """A tqdm bar on rank 0 when stderr is a terminal; log lines are then printed through it."""
-    if not (ctx.is_master and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
-
-
-def _console(line: str, progress) -> str | None:
-    if progress is None:
-        return line
-    progress.write(line)
-    return None
+def _step_line(record: dict[str, Any], max_steps: int) -> str:
+    """The console line of a train record; steps are shown 1-based, as llm.c prints them."""
+    line = (f"step {record['step'] + 1:5d}/{max_steps} | loss {record['loss']:.6f} | lr {record['lr']:.2e} | "
+            f"norm {record['norm']:.4f} | {record['ms']:.1f} ms | {record['tok_s']:,.0f} tok/s")
+    if record["mfu"] is not None:
+        line += f" | MFU {100 * record['mfu']:.1f}%"
+    if "peak_mem_gb" in record:
+        line += f" | {record['peak_mem_gb']:.1f} GiB"
+    return line
 
 
 def _evaluate_if_due(
-    step: int, last_step: bool, config: TrainConfig, raw_model: GPT, model: nn.Module, val_loader: Any,
-    ctx: DistContext, logger: MetricsLogger,
+    step: int, last_step: bool, config: TrainConfig, run: _Run, ctx: DistContext, logger: MetricsLogger
 ) -> dict[str, Any]:
     """Val loss, HellaSwag and a text sample at `step` when their cadence (or the end of the run) says so."""
 
@@ -312,39 +339,36 @@ def _evaluate_if_due(
         return bool(every) and (step % every == 0 or last_step)
 
     results: dict[str, Any] = {}
-    if val_loader is not None and due(config.val_every):
+    if run.val_loader is not None and due(config.val_every):
         # the compiled (not DDP-wrapped) model: same shapes as training, no gradient sync needed
-        eval_model = model.module if isinstance(model, DDP) else model
-        loss = evaluate.val_loss(eval_model, val_loader, config.val_steps, ctx, config.dtype)
-        logger.log({"step": step, "kind": "val", "val_loss": loss}, tb_prefix="val/",
-                   console=f"step {step:5d} | val loss {loss:.6f}")
+        eval_model = run.model.module if isinstance(run.model, DDP) else run.model
+        loss = evaluate.val_loss(eval_model, run.val_loader, config.val_steps, ctx, config.dtype)
+        logger.log({"step": step, "kind": "val", "val_loss": loss}, "val", f"step {step:5d} | val loss {loss:.6f}")
         results["val_loss"] = loss
     if config.hellaswag and due(config.hellaswag_every):
         # the uncompiled model: every example has its own length, which would recompile a compiled one
-        scores = evaluate.hellaswag(raw_model, config.hellaswag, ctx, config.dtype)
-        logger.log({"step": step, "kind": "hellaswag", **scores}, tb_prefix="hellaswag/",
-                   console=f"step {step:5d} | HellaSwag acc_norm {scores['acc_norm']:.4f} "
-                           f"(acc {scores['acc']:.4f}, n {scores['n']})")
+        scores = evaluate.hellaswag(run.raw_model, config.hellaswag, ctx, config.dtype)
+        logger.log({"step": step, "kind": "hellaswag", **scores}, "hellaswag",
+                   f"step {step:5d} | HellaSwag acc_norm {scores['acc_norm']:.4f} (acc {scores['acc']:.4f}, "
+                   f"n {scores['n']})")
         results["hellaswag"] = scores
     if ctx.is_master and due(config.sample_every):
-        text = sample_text(raw_model, config.sample_prompt, config.sample_tokens, seed=config.seed, dtype=config.dtype)[0]
+        text = sample_text(run.raw_model, config.sample_prompt, config.sample_tokens, seed=config.seed,
+                           dtype=config.dtype)[0]
         logger.text("sample", f"step {step:5d} | sample: {text!r}", step)
     return results
 
 
-def _save(
-    step: int, config: TrainConfig, model_config: GPTConfig, raw_model: GPT, optimizer: torch.optim.Optimizer,
-    guard: OutlierGuard, loader: Any, ctx: DistContext,
-) -> str:
+def _save(step: int, config: TrainConfig, model_config: GPTConfig, run: _Run, ctx: DistContext) -> str:
     """Checkpoint after `step` optimizer steps; every rank contributes its loader and RNG state."""
-    loader_states = gather_objects(loader.state_dict(), ctx)  # collective: every rank calls it
+    loader_states = gather_objects(run.train_loader.state_dict(), ctx)  # collective: every rank calls it
     rng_states = gather_objects(ckpt.capture_rng_state(), ctx)
     path = ckpt.checkpoint_path(config.out_dir, step)
     if ctx.is_master:
-        state = {"step": step, "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                 "guard": guard.state_dict(), "loader": loader_states, "rng": rng_states,
+        state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+                 "guard": run.guard.state_dict(), "loader": loader_states, "rng": rng_states,
                  "world_size": ctx.world_size, "config": config.to_dict(), "model_config": asdict(model_config)}
-        ckpt.save_checkpoint(config.out_dir, step, state, raw_model, config.model_file_dtype, config.keep_last)
+        ckpt.save_checkpoint(config.out_dir, step, state, run.raw_model, config.model_file_dtype, config.keep_last)
     return str(path)
 
 
