@@ -34,7 +34,7 @@ from gpt2.guard import OutlierGuard
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
 from gpt2.sample import sample_text
-from gpt2.train_config import TrainConfig, load_config, validate
+from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
 
 # bf16 dense tensor-core peak per GPU, by name fragment (MFU denominator)
 _PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
@@ -373,7 +373,11 @@ def _save(step: int, config: TrainConfig, model_config: GPTConfig, run: _Run, ct
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = load_config(argv)
+    try:
+        config = load_config(argv)
+        validate(config, world_size=int(os.environ.get("WORLD_SIZE", "1")))  # fail before any set-up
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
     ctx = setup(config.device)
     try:
         train(config, ctx)

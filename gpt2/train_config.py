@@ -41,11 +41,11 @@ class TrainConfig:
     )
     seed: int = _opt(42, "seed of the weight init (PyTorch RNG order) and of sampling")
     # data
-    train_data: str = _opt("artifacts/data/fineweb10B/*_train_*.bin", "glob of the training token shards")
-    val_data: str = _opt("artifacts/data/fineweb10B/*_val_*.bin", "glob of the validation token shards")
+    train_data: str = _opt("artifacts/data/fineweb10B/shards/*_train_*.bin", "glob of the training token shards")
+    val_data: str = _opt("artifacts/data/fineweb10B/shards/*_val_*.bin", "glob of the validation token shards")
     hellaswag: str | None = _opt(None, "HellaSwag eval file (data.hellaswag); unset: no HellaSwag eval")
     shuffle: bool = _opt(False, "visit train shards and their samples in a seeded random order each epoch")
-    out_dir: str = _opt("artifacts/runs/gpt2-124M", "run directory: checkpoints, metrics.jsonl, tensorboard/")
+    out_dir: str = _opt("artifacts/runs/gpt2-124m", "run directory: checkpoints, metrics.jsonl, tensorboard/")
     # batch
     batch_size: int = _opt(64, "micro-batch size B per rank")
     seq_len: int = _opt(1024, "sequence length T")
@@ -173,13 +173,14 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gpt2.train",
         description="Train GPT-2 (llm.c recipe). Single process or `torchrun --nproc_per_node=N -m gpt2.train`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--config", help="JSON or YAML file of config fields; flags override it")
     types = _field_types()
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
-        kwargs: dict[str, Any] = dict(dest=f.name, help=f.metadata["help"], default=argparse.SUPPRESS)
+        help_text = f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")
+        # SUPPRESS: only flags actually given override the file's values
+        kwargs: dict[str, Any] = dict(dest=f.name, help=help_text, default=argparse.SUPPRESS)
         base, _ = types[f.name]
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
