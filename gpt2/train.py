@@ -83,11 +83,17 @@ class MetricsLogger:
             self.progress = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def _truncate(self, start_step: int) -> None:
-        """Drop records of steps >= start_step: a killed run may have logged past its last checkpoint."""
+        """Drop records of steps >= start_step: a killed run may have logged past its last checkpoint
+        (and, killed mid-write, left a partial last line)."""
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] < start_step]
+        kept = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] < start_step:
+                    kept.append(line)
+            except json.JSONDecodeError:
+                continue
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)

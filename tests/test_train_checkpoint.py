@@ -12,7 +12,7 @@ from gpt2.model import GPT
 from gpt2.train import train
 from gpt2.train_config import parse_model_spec
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
-from tests.fixtures.train.tiny import TINY_MODEL, final_params, tiny_config
+from tests.fixtures.train.tiny import TINY_MODEL, final_params, read_metrics, tiny_config
 
 
 def _steps(out_dir) -> list[int]:
@@ -41,10 +41,13 @@ def test_incomplete_checkpoints_are_never_picked_up(tmp_path):
     shutil.copytree(root / "step_00000003", root / "step_00000009")
     (root / "step_00000009" / ckpt.COMPLETE_MARKER).unlink()
     assert ckpt.latest_checkpoint(config.out_dir) == root / "step_00000003"
+    with open(root.parent / "metrics.jsonl", "a") as f:  # a kill mid-write leaves a partial record
+        f.write('{"step": 3, "kind": "train", "lo')
 
     config.max_steps = 4
     summary = train(config)
     assert summary["start_step"] == 3
+    assert [r["step"] for r in read_metrics(config.out_dir)] == [0, 1, 2, 3]  # every line parses again
     assert not list(root.glob(".tmp_*"))  # cleaned up by the next save
     assert _steps(config.out_dir) == [1, 2, 3, 4]
 
