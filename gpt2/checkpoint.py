@@ -174,15 +174,17 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def resolve_checkpoint(source: str | os.PathLike) -> Path:
-    """A run directory or its checkpoints/ folder -> its latest complete checkpoint; else `source`."""
+    """A run directory or its checkpoints/ folder -> its latest complete checkpoint; anything else as is."""
     path = Path(source)
-    for run_dir in (path, path.parent if path.name == CHECKPOINTS else None):
-        if run_dir is not None and (run_dir / CHECKPOINTS).is_dir() and not is_complete(path):
-            latest = latest_checkpoint(run_dir)
-            if latest is None:
-                raise FileNotFoundError(f"{run_dir}: no complete checkpoint under {run_dir / CHECKPOINTS}")
-            return latest
-    return path
+    if is_complete(path):
+        return path
+    run_dir = path.parent if path.name == CHECKPOINTS else path
+    if not (run_dir / CHECKPOINTS).is_dir():
+        return path
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise FileNotFoundError(f"{run_dir}: no complete checkpoint under {run_dir / CHECKPOINTS}")
+    return latest
 
 
 def load_model(source: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[GPT, int | None]:

@@ -82,6 +82,7 @@ def all_reduce_mean(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
 
 
 def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Sum of `t` over ranks, in place (identity in a single process)."""
     if ctx.is_distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from data.loader import DistributedDataLoader
 from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
 from gpt2.train_config import TrainConfig
 
@@ -71,8 +72,6 @@ def evaluate_model(
     dtype: str = "auto",
 ) -> dict[str, Any]:
     """{"val_loss": ..., "hellaswag": {...}} for whichever of the two evaluations are asked for."""
-    from data.loader import DistributedDataLoader
-
     result: dict[str, Any] = {"val_loss": None, "hellaswag": None}
     if val_data:
         loader = DistributedDataLoader(val_data, batch_size, seq_len, rank=ctx.rank, world_size=ctx.world_size)

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate
 from gpt2.config import GPTConfig
@@ -208,8 +209,6 @@ class _Run:
 def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, use_compile: bool,
                use_kernels: bool) -> _Run:
     """Model, optimizer, guard and loaders: fresh, from the init stage's step 0, or from the latest checkpoint."""
-    from data.loader import DistributedDataLoader
-
     state = _starting_state(config, model_config)
     if state is None:
         raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)

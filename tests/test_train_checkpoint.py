@@ -1,4 +1,4 @@
-"""Checkpoint directories: atomic, latest-complete lookup, keep-last-K, step 0 from the init stage, any-source loading."""
+"""Checkpoint directories: atomic, latest-complete lookup, keep-last-K, step 0 from the init stage, any source."""
 
 import shutil
 

@@ -9,7 +9,9 @@ import torch
 
 from gpt2.train import train
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
-from tests.fixtures.train.tiny import TINY_GPT2_VOCAB_MODEL, final_params, read_metrics, tiny_config, write_hellaswag_file
+from tests.fixtures.train.tiny import (
+    TINY_GPT2_VOCAB_MODEL, final_params, read_metrics, tiny_config, write_hellaswag_file,
+)
 
 
 def test_two_ranks_b2_equal_one_rank_b4(tmp_path):

@@ -48,8 +48,9 @@ def test_weight_decay_only_on_matrices():
     decayed = {names[id(p)] for p in opt.param_groups[0]["params"]}
     plain = {names[id(p)] for p in opt.param_groups[1]["params"]}
     assert (opt.param_groups[0]["weight_decay"], opt.param_groups[1]["weight_decay"]) == (0.1, 0.0)
+    layer_matrices = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     matrices = {"transformer.wte.weight", "transformer.wpe.weight"} | {
-        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in layer_matrices
     }
     assert decayed == matrices
     assert all(n.endswith(".bias") or ".ln_" in n for n in plain)
