@@ -149,13 +149,19 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path} does not exist")
-    with open(path) as f:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
+    if path.endswith((".yaml", ".yml")):
+        import yaml
 
-            values = yaml.safe_load(f) or {}
-        else:
-            values = json.load(f)
+        parse, parse_error = yaml.safe_load, yaml.YAMLError
+    else:
+        parse, parse_error = json.loads, json.JSONDecodeError
+    with open(path) as f:
+        text = f.read()
+    try:
+        values = parse(text)
+    except parse_error as e:
+        raise ConfigError(f"{path}: cannot parse it: {e}") from None
+    values = {} if values is None else values  # an empty YAML file
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of config fields, got {type(values).__name__}")
     names = list(_field_types())

@@ -45,6 +45,14 @@ def test_bad_config_file_names_the_field(tmp_path, content, message):
     assert str(path) in str(e.value)
 
 
+@pytest.mark.parametrize("name, text", [("bad.json", '{"batch_size": 8,}'), ("bad.yaml", "batch_size: [8\n")])
+def test_unparsable_config_file_is_named(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=f"{path}: cannot parse it"):
+        load_config(["--config", str(path)])
+
+
 def test_help_lists_every_field(capsys):
     with pytest.raises(SystemExit) as e:
         build_arg_parser().parse_args(["--help"])
