@@ -1,0 +1,59 @@
+"""Logging: FLOPs accounting, console lines, metrics.jsonl records and TensorBoard scalars."""
+
+import json
+import re
+
+import pytest
+
+from gpt2.config import GPTConfig
+from gpt2.train import MetricsLogger, flops_per_token, train
+from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
+from tests.fixtures.train.tiny import read_metrics, tiny_config
+
+D12_PARAMS = 124_475_904  # DESIGN.md: llm.c's count, padded wte included
+
+
+def test_flops_per_token_of_d12_is_designs_8e8():
+    # 6N + 6*L*C*T = 6 * 124,475,904 + 6 * 12 * 768 * 1024
+    assert flops_per_token(GPTConfig.from_descriptor("d12"), D12_PARAMS, 1024) == 746_855_424 + 56_623_104
+
+
+def test_one_line_per_step_and_a_record_per_step(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_steps=4, val_every=2, val_steps=1, log_every=1)
+    train(config)
+    out = capsys.readouterr().out
+    step_lines = [line for line in out.splitlines() if re.match(r"^step\s+(\d+)/(\d+) \|", line)]  # as llm.c
+    assert [int(re.match(r"^step\s+(\d+)/4", line).group(1)) for line in step_lines] == [1, 2, 3, 4]
+    assert all(key in step_lines[0] for key in ("loss", "lr", "norm", "ms", "tok/s"))
+
+    records = read_metrics(config.out_dir)
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    for r in records:
+        assert set(r) >= {"loss", "lr", "norm", "ms", "tok_s", "mfu", "skipped"}
+        assert r["tok_s"] == pytest.approx(config.total_batch_size / (r["ms"] / 1e3), rel=1e-6)
+        assert r["mfu"] is None  # no GPU peak to compare against on a CPU
+    assert [r["step"] for r in read_metrics(config.out_dir, "val")] == [0, 2, 4]
+
+
+def test_records_are_flushed_as_written_and_tensorboard_gets_scalars(tmp_path):
+    logger = MetricsLogger(tmp_path, enabled=True, start_step=0, max_steps=10)
+    logger.log({"step": 0, "kind": "train", "loss": 2.5, "norm": float("nan"), "skipped": False}, "train")
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()  # readable before close
+    assert json.loads(lines[0]) == {"step": 0, "kind": "train", "loss": 2.5, "norm": None, "skipped": False}
+    logger.log({"step": 5, "kind": "val", "val_loss": 2.25}, "val")
+    logger.close()
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(0, 2.5)]
+    assert [(e.step, e.value) for e in events.Scalars("val/val_loss")] == [(5, 2.25)]
+    assert "train/skipped" not in events.Tags()["scalars"]  # booleans are not plotted
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    logger = MetricsLogger(tmp_path, enabled=False, start_step=0, max_steps=10)
+    logger.log({"step": 0, "kind": "train", "loss": 2.5}, "train", "a line")
+    logger.close()
+    assert list(tmp_path.iterdir()) == []
