@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from gpt2.train import train
@@ -14,6 +15,7 @@ from tests.fixtures.train.tiny import (
 )
 
 
+@pytest.mark.slow
 def test_two_ranks_b2_equal_one_rank_b4(tmp_path):
     evals = dict(model=TINY_GPT2_VOCAB_MODEL, max_steps=3, val_every=3, val_steps=2, hellaswag_every=3,
                  hellaswag=str(write_hellaswag_file(tmp_path / "hellaswag.bin", n_examples=7)))

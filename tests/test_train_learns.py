@@ -5,6 +5,7 @@ import random
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from gpt2.train import train
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
@@ -29,6 +30,7 @@ def unigram_entropy_nats(data: bytes) -> float:
     return -sum(c / len(data) * math.log(c / len(data)) for c in counts.values())
 
 
+@pytest.mark.slow
 def test_loss_falls_well_below_the_unigram_entropy(tmp_path):
     shards = tmp_path / "grammar"
     shards.mkdir()
