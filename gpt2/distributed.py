@@ -95,8 +95,3 @@ def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, obj)
     return out
-
-
-def barrier(ctx: DistContext) -> None:
-    if ctx.is_distributed:
-        dist.barrier()

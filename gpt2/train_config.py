@@ -209,7 +209,7 @@ def load_config(argv: Sequence[str] | None = None) -> TrainConfig:
 # validation
 
 
-def validate(config: TrainConfig, world_size: int = 1, check_files: bool = True) -> GPTConfig:
+def validate(config: TrainConfig, world_size: int = 1) -> GPTConfig:
     """Raise ConfigError listing every problem (each with what to change); returns the model shape."""
     problems: list[str] = []
     try:
@@ -247,21 +247,22 @@ def validate(config: TrainConfig, world_size: int = 1, check_files: bool = True)
     if not (0 <= config.beta1 < 1 and 0 <= config.beta2 < 1):
         problems.append(f"beta1/beta2 must lie in [0, 1), got {config.beta1}/{config.beta2}")
 
-    if model.vocab_size != VOCAB_SIZE:
-        for name in ("sample_every", "hellaswag_every"):
-            if getattr(config, name) and (name != "hellaswag_every" or config.hellaswag):
-                problems.append(f"{name}={getattr(config, name)} needs the GPT-2 tokenizer's vocabulary "
-                                f"({VOCAB_SIZE}), the model has {model.vocab_size}; pass --{name.replace('_', '-')} 0")
-    if check_files:
-        if not glob.glob(config.train_data):
-            problems.append(f"train_data: no files match {config.train_data!r}; run the tokenize stage or "
-                            "point --train-data at the *_train_*.bin shards")
-        if config.val_every and not glob.glob(config.val_data):
-            problems.append(f"val_data: no files match {config.val_data!r}; point --val-data at the *_val_*.bin "
-                            "shards or pass --val-every 0")
-        if config.hellaswag_every and config.hellaswag and not os.path.isfile(config.hellaswag):
-            problems.append(f"hellaswag: file {config.hellaswag} does not exist; build it with data.hellaswag "
-                            "or pass --hellaswag-every 0")
+    if model.vocab_size != VOCAB_SIZE:  # samples and HellaSwag are GPT-2 tokens
+        uses_tokenizer = {"sample_every": config.sample_every,
+                          "hellaswag_every": config.hellaswag_every if config.hellaswag else 0}
+        for name, every in uses_tokenizer.items():
+            if every:
+                problems.append(f"{name}={every} needs the GPT-2 tokenizer's vocabulary ({VOCAB_SIZE}), the model "
+                                f"has {model.vocab_size}; pass --{name.replace('_', '-')} 0")
+    if not glob.glob(config.train_data):
+        problems.append(f"train_data: no files match {config.train_data!r}; run the tokenize stage or "
+                        "point --train-data at the *_train_*.bin shards")
+    if config.val_every and not glob.glob(config.val_data):
+        problems.append(f"val_data: no files match {config.val_data!r}; point --val-data at the *_val_*.bin "
+                        "shards or pass --val-every 0")
+    if config.hellaswag_every and config.hellaswag and not os.path.isfile(config.hellaswag):
+        problems.append(f"hellaswag: file {config.hellaswag} does not exist; build it with data.hellaswag "
+                        "or pass --hellaswag-every 0")
     if problems:
         raise ConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
     return model
