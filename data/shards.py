@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from data.fineweb import batched, describe_source, iter_documents
 from data.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
-from data.tokenizer import EOT, DocumentEncoder
+from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
 MAGIC = 20240520
 VERSION = 1
@@ -104,19 +104,6 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------------
 # tokenization, in-process or in a pool of workers; the order of documents is preserved either way
 
-_worker_encoder: DocumentEncoder | None = None
-
-
-def _init_worker() -> None:
-    global _worker_encoder
-    _worker_encoder = DocumentEncoder()
-
-
-def _encode_task(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(all tokens of the documents back to back, each document's token count)."""
-    docs = [_worker_encoder(text) for text in texts]
-    return np.concatenate(docs), np.array([len(d) for d in docs], dtype=np.int64)
-
 
 def default_num_workers() -> int:
     return len(os.sched_getaffinity(0))
@@ -127,13 +114,11 @@ def tokenize_documents(documents: Iterable[str], num_workers: int | None = None)
     num_workers = num_workers or default_num_workers()
     tasks = batched(documents, DOCS_PER_TASK)
     if num_workers == 1:
-        _init_worker()
-        results = map(_encode_task, tasks)
-        yield from _split_results(results)
+        yield from _split_results(map(encode_documents, tasks))
         return
     # spawn, not fork: the caller may be a multi-threaded process (a Prefect worker), which fork can deadlock
-    with multiprocessing.get_context("spawn").Pool(num_workers, initializer=_init_worker) as pool:
-        yield from _split_results(pool.imap(_encode_task, tasks))
+    with multiprocessing.get_context("spawn").Pool(num_workers, initializer=get_gpt2_encoding) as pool:
+        yield from _split_results(pool.imap(encode_documents, tasks))
 
 
 def _split_results(results: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[np.ndarray]:

