@@ -1,0 +1,162 @@
+"""Caching that cannot lie: content-keyed cache keys and records that are re-validated on every read.
+
+A stage's cache key is everything that determines its output:
+
+* its parameters (plain values, hashed as they are),
+* the *content* of its inputs: upstream stages pass `StageRecord`s, which hash as the sha256 of the files
+  they describe (manifest, shards, checkpoint), never as paths or mtimes,
+* the version of its code: the sha256 of the source files of the modules that compute the output.
+
+Before Prefect looks a key up, `StageCache` reads the cached record for it (if any) and checks that the
+files it names are still on disk with their recorded content. A deleted or corrupted output makes the
+policy drop that record, so the stage runs again instead of returning a record of files that are gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect.cache_policies import CachePolicy
+from prefect.context import TaskRunContext
+from prefect.filesystems import LocalFileSystem
+from prefect.logging import get_logger
+from prefect.utilities.hashing import hash_objects
+
+from data.files import sha256_file
+
+logger = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file a stage wrote, with the identity of its content at the time."""
+
+    path: str
+    size: int
+    sha256: str
+    mtime_ns: int  # only a shortcut: an untouched file (same size and mtime) is not hashed again
+
+    @classmethod
+    def of(cls, path: str | os.PathLike) -> "FileRef":
+        stat = os.stat(path)
+        return cls(str(Path(path).resolve()), stat.st_size, sha256_file(path), stat.st_mtime_ns)
+
+    @classmethod
+    def with_sha256(cls, path: str | os.PathLike, sha256: str) -> "FileRef":
+        """A ref whose hash is already known (e.g. from a shard manifest): saves re-reading a large file."""
+        stat = os.stat(path)
+        return cls(str(Path(path).resolve()), stat.st_size, sha256, stat.st_mtime_ns)
+
+    def problem(self) -> str | None:
+        """None if the file still holds the recorded content, else what is wrong with it."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} is missing"
+        if stat.st_size != self.size:
+            return f"{self.path} has {stat.st_size} bytes, {self.size} were recorded"
+        if stat.st_mtime_ns != self.mtime_ns and sha256_file(self.path) != self.sha256:
+            return f"{self.path} changed since it was written (sha256 differs)"
+        return None
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What a stage returns: small facts about its output plus the files that hold it.
+
+    Subclasses add fields (paths, counts, metrics). `files` are checked when a cached record is read
+    and hashed (by content) when the record is the input of another stage.
+    """
+
+    files: tuple[FileRef, ...]
+
+    def problem(self) -> str | None:
+        return next((p for f in self.files if (p := f.problem())), None)
+
+    def content_digest(self) -> str:
+        h = hashlib.sha256(type(self).__name__.encode())
+        for f in self.files:
+            h.update(f"{f.size}:{f.sha256};".encode())
+        return h.hexdigest()
+
+
+def code_version(modules: tuple[str, ...]) -> str:
+    """sha256 over the source files of `modules` (not imported; found through their import specs)."""
+    h = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError(f"stage code module {name!r} not found; fix the stage's code list")
+        h.update(name.encode())
+        h.update(Path(spec.origin).read_bytes())
+    return h.hexdigest()
+
+
+def content_identity(value: Any) -> Any:
+    """A hashable stand-in for a task input: records by content, containers element-wise, the rest as is."""
+    if isinstance(value, StageRecord):
+        return ("record", value.content_digest())
+    if is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, [(f.name, content_identity(getattr(value, f.name))) for f in fields(value)])
+    if isinstance(value, dict):
+        return sorted((str(k), content_identity(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return [content_identity(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def stage_key(stage: str, code: tuple[str, ...], inputs: dict[str, Any]) -> str:
+    """The cache key of a stage run: its name, its code version and its inputs by content."""
+    return hash_objects(stage, code_version(code), content_identity(inputs), raise_on_failure=True)
+
+
+@dataclass
+class StageCache(CachePolicy):
+    """Cache key = hash(stage, code version, inputs by content); stale cached records are dropped.
+
+    stage: the stage's name (two stages with equal inputs never share a key).
+    code: modules whose source defines the stage's output; editing any of them invalidates the cache.
+    ignore: inputs that do not affect the output (e.g. a progress flag).
+    """
+
+    stage: str = ""
+    code: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = field(default_factory=tuple)
+
+    def compute_key(
+        self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
+    ) -> str | None:
+        key = stage_key(self.stage, self.code, {k: v for k, v in inputs.items() if k not in self.ignore})
+        return key if self._drop_if_stale(task_ctx, key) else None
+
+    def _drop_if_stale(self, task_ctx: TaskRunContext, key: str) -> bool:
+        """Validate the record cached under `key`; delete it if its files changed. False: cannot cache.
+
+        Prefect treats any stored record as a hit, so a stale one must be removed before the lookup.
+        """
+        store = task_ctx.result_store
+        if not store.exists(key):
+            return True
+        try:
+            record = store.read(key).result
+            problem = record.problem() if isinstance(record, StageRecord) else "not a StageRecord"
+        except Exception as e:  # unreadable (e.g. written by an older record class): recompute
+            problem = f"cached record unreadable ({type(e).__name__}: {e})"
+        if problem is None:
+            return True
+        storage = store.metadata_storage or store.result_storage
+        if not isinstance(storage, LocalFileSystem):
+            logger.warning("stage %s: cached output is stale (%s) and %s cannot delete it; running uncached",
+                           self.stage, problem, type(storage).__name__)
+            return False
+        logger.warning("stage %s: cached output is stale (%s); recomputing", self.stage, problem)
+        Path(storage.basepath or ".").expanduser().joinpath(key).unlink(missing_ok=True)
+        store.cache.pop(store._resolved_key_path(key), None)  # the store's in-memory copy of the record
+        return True

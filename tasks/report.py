@@ -1,0 +1,108 @@
+"""What people look at: the loss-curve PNG of a run and the markdown that sets a run beside the references."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# Reference points (../shared/DESIGN.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
+REFERENCE_VAL_LOSS = 3.28
+REFERENCE_TOKENS = 10e9
+OPENAI_HELLASWAG_ACC_NORM = 0.2955
+OPENAI_VAL_LOSS = 3.42
+TOKENS_PER_S_WINDOW = 20  # tokens/s and MFU are averaged over the last steps (the first ones compile)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl (gpt2.train), oldest first; [] if there is none yet."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def training_figures(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Final train/val loss and steady-state tokens/s and MFU from metrics.jsonl records."""
+    train = [m for m in metrics if m.get("kind") == "train"]
+    val = [m for m in metrics if m.get("kind") == "val" and m.get("val_loss") is not None]
+    steady = train[1:][-TOKENS_PER_S_WINDOW:] or train  # skip step 1: compilation and warm-up
+
+    def mean(key: str) -> float | None:
+        values = [m[key] for m in steady if m.get(key) is not None]
+        return sum(values) / len(values) if values else None
+
+    return {
+        "train_loss": train[-1]["loss"] if train else None,
+        "val_loss": val[-1]["val_loss"] if val else None,
+        "tokens_per_s": mean("tok_s"),
+        "mfu": mean("mfu"),
+    }
+
+
+def plot_loss_curve(metrics: list[dict[str, Any]], path: str | os.PathLike) -> Path:
+    """Train and val loss against step, with llm.c's 10B-token val loss as a dashed line; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training hosts
+    import matplotlib.pyplot as plt
+
+    train = [(m["step"] + 1, m["loss"]) for m in metrics if m.get("kind") == "train" and m.get("loss") is not None]
+    val = [(m["step"], m["val_loss"]) for m in metrics if m.get("kind") == "val" and m.get("val_loss") is not None]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if train:
+        ax.plot(*zip(*train), label="train loss", linewidth=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="val loss", markersize=3)
+    ax.axhline(REFERENCE_VAL_LOSS, color="gray", linestyle="--", label=f"llm.c 124M after 10B tokens ({REFERENCE_VAL_LOSS})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    path = Path(path)
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")  # savefig picks the format by suffix
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def run_summary_markdown(
+    title: str,
+    run_dir: str,
+    steps: int,
+    tokens: int,
+    figures: dict[str, float | None],
+    hellaswag_acc_norm: float | None,
+    loss_curve: str | None,
+) -> str:
+    """A run's headline numbers next to the reference points, so one sees at a glance how far it got."""
+    progress = tokens / REFERENCE_TOKENS
+    val = figures.get("val_loss")
+    lines = [
+        f"# {title}",
+        "",
+        f"Run directory: `{run_dir}` (TensorBoard: `tensorboard --logdir {run_dir}/tensorboard`)",
+        "",
+        "| metric | this run | reference |",
+        "| --- | --- | --- |",
+        f"| steps / tokens | {steps:,} / {tokens:,} ({100 * progress:.4g} % of 10B) | 18,865 / 10B (llm.c 124M) |",
+        f"| final train loss | {_fmt(figures.get('train_loss'), '.4f')} | |",
+        f"| val loss (FineWeb) | {_fmt(val, '.4f')} | ≈ {REFERENCE_VAL_LOSS} llm.c after 10B tokens; "
+        f"≈ {OPENAI_VAL_LOSS} OpenAI GPT-2 124M |",
+        f"| HellaSwag acc_norm | {_fmt(hellaswag_acc_norm, '.4f')} | {OPENAI_HELLASWAG_ACC_NORM} OpenAI GPT-2 124M; "
+        "≈ 0.30 llm.c after 10B |",
+        f"| tokens/s | {_fmt(figures.get('tokens_per_s'), ',.0f')} | ≈ 475,000 PyTorch+compile on 1 H100; target 590,000 |",
+        f"| MFU | {_fmt(None if figures.get('mfu') is None else 100 * figures['mfu'], '.1f')} % | |",
+    ]
+    if val is not None:
+        gap = val - REFERENCE_VAL_LOSS
+        lines += ["", f"Val loss is {gap:+.3f} from the 10B-token reference."]
+    if loss_curve:
+        lines += ["", f"Loss curve: [{loss_curve}](file://{loss_curve})"]
+    return "\n".join(lines) + "\n"
