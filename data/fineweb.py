@@ -109,6 +109,13 @@ def iter_documents(source: str | os.PathLike, config: str | None = None, limit: 
         yield text
 
 
+def batched(items: Iterable, n: int) -> Iterator[list]:
+    """Lists of `n` consecutive items (the last one shorter); itertools.batched from Python 3.12."""
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
 def describe_source(source: str | os.PathLike, config: str | None = None, limit: int | None = None) -> dict:
     """JSON-able identity of a document stream, recorded in manifests and compared on resume."""
     if Path(source).exists():
@@ -120,6 +127,7 @@ def describe_source(source: str | os.PathLike, config: str | None = None, limit:
 # local parquet cache
 
 DOWNLOAD_MANIFEST = "manifest.json"
+DOWNLOAD_PROGRESS = "download.json"  # what an unfinished download is for; replaced by the manifest at the end
 
 
 def _part_path(out_dir: Path, idx: int) -> Path:
@@ -140,13 +148,6 @@ def _num_rows(path: Path) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
-def batched(items: Iterable, n: int) -> Iterator[list]:
-    """Lists of `n` consecutive items (the last one shorter); itertools.batched from Python 3.12."""
-    it = iter(items)
-    while batch := list(itertools.islice(it, n)):
-        yield batch
-
-
 def download(
     source: str,
     config: str | None,
@@ -157,21 +158,23 @@ def download(
     """Stream `source` into `out_dir/part_NNNNN.parquet` files (a `text` column) and return `out_dir`.
 
     Idempotent and resumable: a finished download (out_dir/manifest.json for the same source, config and
-    limit) is returned as is; after an interruption, full part files already written are kept and the
-    stream resumes after them. `iter_documents(out_dir)` then yields the same documents offline.
+    limit) is returned as is; after an interruption (out_dir/download.json for the same), full part files
+    already written are kept and the stream resumes after them. Another download into the same folder is
+    refused. `iter_documents(out_dir)` then yields the same documents offline.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     identity = {**describe_source(source, config, limit), "docs_per_file": docs_per_file}
-    manifest_path = out_dir / DOWNLOAD_MANIFEST
-    if manifest_path.exists():
-        manifest = read_json(manifest_path)
-        if {k: manifest.get(k) for k in identity} == identity:
+    manifest_path, progress_path = out_dir / DOWNLOAD_MANIFEST, out_dir / DOWNLOAD_PROGRESS
+    for path in (manifest_path, progress_path):
+        if not path.exists():
+            continue
+        recorded = {k: read_json(path).get(k) for k in identity}
+        if recorded != identity:
+            raise FileExistsError(f"{path} is for another download ({recorded}); use another folder or delete it")
+        if path == manifest_path:
             return out_dir
-        raise FileExistsError(
-            f"{manifest_path} describes another download ({ {k: manifest.get(k) for k in identity} }); "
-            f"use another output folder or delete this one"
-        )
+    write_json(progress_path, identity)
 
     # every full part before the first short or missing one is finished work (parts are written atomically)
     done = 0
@@ -188,6 +191,7 @@ def download(
             parts.append({"file": _part_path(out_dir, idx).name, "num_documents": len(texts)})
             bar.update(len(texts))
     write_json(manifest_path, {**identity, "num_documents": sum(p["num_documents"] for p in parts), "files": parts})
+    progress_path.unlink()
     return out_dir
 
 

@@ -49,9 +49,12 @@ class ShardError(ValueError):
 # one shard
 
 
+def shard_split(idx: int) -> str:
+    return "val" if idx == 0 else "train"
+
+
 def shard_filename(name: str, idx: int) -> str:
-    split = "val" if idx == 0 else "train"
-    return f"{name}_{split}_{idx:06d}.bin"
+    return f"{name}_{shard_split(idx)}_{idx:06d}.bin"
 
 
 def _header_bytes(ntok: int) -> bytes:
@@ -131,12 +134,13 @@ def _split_results(results: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator
 
 
 class _ShardWriter:
-    """Cuts the token stream into shards; records after each shard where the next one starts."""
+    """Cuts the token stream into shards; after each shard, records in progress.json where the next starts."""
 
-    def __init__(self, out_dir: Path, name: str, shard_size: int, finished: list[dict]):
-        self.out_dir, self.name, self.shard_size = out_dir, name, shard_size
+    def __init__(self, out_dir: Path, settings: dict, finished: list[dict]):
+        self.out_dir, self.settings = out_dir, settings
+        self.name, self.shard_size = settings["name"], settings["shard_size"]
         self.records = list(finished)
-        self.buf = np.empty(shard_size, dtype=np.uint16)
+        self.buf = np.empty(self.shard_size, dtype=np.uint16)
         self.fill = 0
 
     def add(self, tokens: np.ndarray, doc_idx: int, offset: int) -> None:
@@ -153,12 +157,12 @@ class _ShardWriter:
         idx = len(self.records)
         file = shard_filename(self.name, idx)
         sha256 = write_shard(self.out_dir / file, self.buf[: self.fill])
-        split = "val" if idx == 0 else "train"
         self.records.append(
-            {"file": file, "split": split, "ntok": self.fill, "sha256": sha256,
+            {"file": file, "split": shard_split(idx), "ntok": self.fill, "sha256": sha256,
              "next_document": next_document, "next_offset": next_offset}
         )  # fmt: skip
         self.fill = 0
+        write_json(self.out_dir / PROGRESS, {**self.settings, "shards": self.records})
 
 
 def _settings(name: str, shard_size: int, source: dict | None) -> dict:
@@ -220,19 +224,15 @@ def build_shards(
 
     remove_stale_tmp_files(out_dir)
     finished = _finished_shards(out_dir, settings)
-    writer = _ShardWriter(out_dir, name, shard_size, finished)
+    writer = _ShardWriter(out_dir, settings, finished)
     start_doc, start_offset = (finished[-1]["next_document"], finished[-1]["next_offset"]) if finished else (0, 0)
-    remaining = itertools.islice(documents, start_doc, None)
+    remaining = itertools.islice(documents, start_doc, None)  # finished documents are read, not tokenized
 
     num_documents = start_doc
     with tqdm(unit="tok", unit_scale=True, desc=f"tokenize {name}", initial=len(finished) * shard_size) as bar:
         for doc_idx, tokens in enumerate(tokenize_documents(remaining, num_workers), start=start_doc):
             offset = start_offset if doc_idx == start_doc else 0
-            shards_before = len(writer.records)
             writer.add(tokens[offset:], doc_idx, offset)
-            if len(writer.records) > shards_before:
-                write_json(out_dir / PROGRESS, {**settings, "shards": writer.records})
-                bar.set_postfix(shards=len(writer.records))
             bar.update(len(tokens) - offset)
             num_documents = doc_idx + 1
         if writer.fill:

@@ -86,5 +86,14 @@ def test_download_makes_a_resumable_local_parquet_cache(local_source, tmp_path):
     assert (first.stat().st_ino, first.stat().st_mtime_ns) == identity
     assert json.loads((cache / "manifest.json").read_text()) == manifest
 
-    with pytest.raises(FileExistsError, match="describes another download"):
+    with pytest.raises(FileExistsError, match="is for another download"):
         download(str(local_source), None, cache, limit=2, docs_per_file=3)
+
+
+def test_unfinished_download_for_other_settings_is_refused(local_source, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "download.json").write_text(json.dumps({"source": str(local_source), "config": None, "limit": 3,
+                                                     "docs_per_file": 3}))  # fmt: skip
+    with pytest.raises(FileExistsError, match=r"download\.json is for another download"):
+        download(str(local_source), None, cache, limit=None, docs_per_file=3)
