@@ -109,8 +109,6 @@ def run_streaming(
         assert proc.stdout is not None
         for line in proc.stdout:
             line = line.rstrip("\n")
-            # tqdm redraws a bar with carriage returns: keep its latest state only
-            line = line.rsplit("\r", 1)[-1]
             tail.append(line)
             on_line(line)
         returncode = proc.wait()

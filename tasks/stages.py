@@ -125,6 +125,10 @@ class CheckpointRecord(StageRecord):
     step: int
     model: str  # model spec it was built from
 
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.path).parent.parent  # <run_dir>/checkpoints/step_NNNNNNNN
+
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
         from gpt2.checkpoint import COMPLETE_MARKER, MODEL_FILE, STATE_FILE
@@ -364,18 +368,28 @@ def _train_record(run_dir: Path, config: Any) -> TrainRecord:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How a checkpoint is evaluated; part of the evaluation's cache key."""
+    """How checkpoints are evaluated; None: the value the run was trained with (its config.json)."""
 
-    batch_size: int = 64
-    seq_len: int = 1024
-    val_steps: int = 20
+    batch_size: int | None = None
+    seq_len: int | None = None
+    val_steps: int | None = None
     device: str = "auto"
+
+    def args(self, run_dir: Path) -> list[str]:
+        """gpt2.evaluate's flags for a checkpoint of the run in `run_dir`."""
+        run_config_path = run_dir / "config.json"
+        run_config = json.loads(run_config_path.read_text()) if run_config_path.exists() else {}
+        args = ["--device", self.device]
+        for name in ("batch_size", "seq_len", "val_steps"):
+            value = getattr(self, name) or run_config.get(name)
+            if value is not None:  # neither given nor known from the run: gpt2.evaluate's default
+                args += [f"--{name.replace('_', '-')}", str(value)]
+        return args
 
 
 def evaluation_path(checkpoint: CheckpointRecord) -> Path:
     """run_dir/evaluations/<checkpoint name>.json: the ledger entry that marks a checkpoint as evaluated."""
-    path = Path(checkpoint.path)
-    return path.parent.parent / EVALUATIONS / f"{path.name}.json"
+    return checkpoint.run_dir / EVALUATIONS / f"{Path(checkpoint.path).name}.json"
 
 
 def read_evaluation(checkpoint: CheckpointRecord) -> dict[str, Any] | None:
@@ -414,8 +428,7 @@ def evaluate_checkpoint(
     ledger = evaluation_path(checkpoint)
     ledger.parent.mkdir(parents=True, exist_ok=True)
     out = ledger.with_name(ledger.name + ".result.tmp")
-    args = ["--checkpoint", checkpoint.path, "--out", str(out), "--batch-size", str(settings.batch_size),
-            "--seq-len", str(settings.seq_len), "--val-steps", str(settings.val_steps), "--device", settings.device]
+    args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(checkpoint.run_dir)]
     if shards is not None:
         args += ["--val-data", shards.val_glob]
     if hellaswag is not None:
@@ -424,7 +437,7 @@ def evaluate_checkpoint(
     result = json.loads(out.read_text())
     out.unlink()
 
-    _write_tensorboard(ledger.parent.parent, checkpoint.step, result)
+    _write_tensorboard(checkpoint.run_dir, checkpoint.step, result)
     entry = {"checkpoint": checkpoint.path, "checkpoint_digest": checkpoint.content_digest(), "step": checkpoint.step,
              "val_loss": result.get("val_loss"), "hellaswag": result.get("hellaswag")}
     tmp = ledger.with_name(ledger.name + ".tmp")
@@ -449,7 +462,7 @@ def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_
             "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--device", device]
     run_streaming(_python_module("gpt2.sample", args), on_line)
     samples = tuple(s.strip("\n") for s in re.split(r"^--- sample \d+$", "\n".join(lines), flags=re.M)[1:])
-    path = Path(checkpoint.path).parent.parent / f"samples_step_{checkpoint.step:08d}.md"
+    path = checkpoint.run_dir / f"samples_step_{checkpoint.step:08d}.md"
     text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text + "\n")

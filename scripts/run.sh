@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The main job in one command: a local Prefect server (its database under .prefect/), the process work
+# pool, every deployment of prefect.yaml, a worker, then one deployment run, watched to the end.
+#
+#   bash scripts/run.sh                                   # gpt2-pretrain/smoke: offline, CPU, minutes
+#   bash scripts/run.sh gpt2-pretrain/gpt2-124m           # llm.c's 124M run on FineWeb (GPU host, online)
+#   bash scripts/run.sh gpt2-tokenize/smoke --param force=true
+#
+# Environment: PREFECT_PORT (default 4200), KEEP_RUNNING=1 (leave server and worker up for the UI and the
+# scheduled evaluation), PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db:
+# the same server on PostgreSQL instead of SQLite; docs/pipeline.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    echo
+    echo "usage: bash scripts/run.sh [DEPLOYMENT] [prefect deployment run options, e.g. --param key=value]"
+}
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+DEPLOYMENT=${1:-gpt2-pretrain/smoke}
+shift $(( $# > 0 ? 1 : 0 ))
+
+bash scripts/setup.sh
+
+export PREFECT_HOME="$PWD/.prefect"  # SQLite database, result cache, logs: all inside the project
+PORT=${PREFECT_PORT:-4200}
+export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+mkdir -p "$PREFECT_HOME"
+prefect=(.venv/bin/prefect)
+python=.venv/bin/python
+
+if "$python" -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $PORT)) != 0)"; then
+    echo "[run] port $PORT is taken (another Prefect server?); set PREFECT_PORT to a free port" >&2
+    exit 1
+fi
+
+pids=()
+cleanup() {
+    if [ "${KEEP_RUNNING:-0}" = 1 ]; then
+        echo "[run] left running: server and worker (pids ${pids[*]}); stop them with: kill ${pids[*]}"
+        return
+    fi
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+echo "[run] starting the Prefect server on port $PORT (log: .prefect/server.log)"
+"${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 120); do
+    if "$python" -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null; then
+        break
+    fi
+    if ! kill -0 "${pids[0]}" 2>/dev/null; then
+        echo "[run] the server exited; see .prefect/server.log" >&2
+        tail -20 "$PREFECT_HOME/server.log" >&2
+        exit 1
+    fi
+    sleep 1
+done
+
+echo "[run] work pool gpt2-local (process) and deployments"
+"${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
+"${prefect[@]}" --no-prompt deploy --all >"$PREFECT_HOME/deploy.log" 2>&1 || {
+    cat "$PREFECT_HOME/deploy.log" >&2
+    exit 1
+}
+
+echo "[run] starting a worker (log: .prefect/worker.log)"
+"${prefect[@]}" worker start --pool gpt2-local >"$PREFECT_HOME/worker.log" 2>&1 &
+pids+=($!)
+
+echo "[run] prefect deployment run $DEPLOYMENT --watch $*"
+status=0
+# --watch also prints every event; the progress artifact's updates would drown the rest
+"${prefect[@]}" deployment run "$DEPLOYMENT" --watch "$@" | grep --line-buffered -v prefect.artifact || status=$?
+
+cat <<EOF
+
+[run] $DEPLOYMENT finished with exit code $status
+  outputs:      $PWD/artifacts/  (data/ shards, eval/ HellaSwag, init/ step-0 weights, runs/ training runs)
+  TensorBoard:  .venv/bin/tensorboard --logdir $PWD/artifacts/runs
+  loss curves:  artifacts/runs/<run_name>/<run id>/loss_curve.png
+  Prefect UI:   http://127.0.0.1:$PORT  (flow runs, logs, artifacts; up while this script runs or with KEEP_RUNNING=1)
+  flow logs:    .prefect/worker.log
+EOF
+exit "$status"

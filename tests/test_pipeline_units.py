@@ -1,0 +1,162 @@
+"""Pipeline building blocks without a Prefect server: records, cache identity, retry rules, the launcher."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sys
+import urllib.error
+
+import pytest
+
+from tasks.cache import FileRef, StageRecord, content_identity
+from tasks.launch import CommandFailed, Rendezvous, run_streaming, torchrun_command
+from tasks.report import training_figures
+from tasks.retry import TransientError, is_transient
+
+
+# ---------------------------------------------------------------------------------------------------------
+# records and cache identity
+
+
+def test_file_ref_detects_deletion_truncation_and_same_size_corruption(tmp_path):
+    path = tmp_path / "shard.bin"
+    path.write_bytes(b"a" * 100)
+    ref = FileRef.of(path)
+    assert ref.sha256 == hashlib.sha256(b"a" * 100).hexdigest()
+    assert ref.problem() is None
+
+    path.write_bytes(b"a" * 99 + b"b")  # same size, new content (and a new mtime)
+    os.utime(path, ns=(ref.mtime_ns + 10**9, ref.mtime_ns + 10**9))
+    assert "sha256 differs" in ref.problem()
+
+    path.write_bytes(b"a" * 50)
+    assert "50 bytes, 100 were recorded" in ref.problem()
+
+    path.unlink()
+    assert "missing" in ref.problem()
+
+
+def test_file_ref_touched_but_unchanged_file_is_still_valid(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"xyz")
+    ref = FileRef.of(path)
+    os.utime(path, ns=(ref.mtime_ns + 5 * 10**9, ref.mtime_ns + 5 * 10**9))  # e.g. copied back with cp
+    assert ref.problem() is None
+
+
+def test_content_identity_ignores_paths_and_mtimes_of_records(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"same")
+    b.write_bytes(b"same")
+    os.utime(b, ns=(1, 1))
+    record_a = StageRecord(files=(FileRef.of(a),))
+    record_b = StageRecord(files=(FileRef.of(b),))
+    assert content_identity({"x": record_a}) == content_identity({"x": record_b})
+
+    b.write_bytes(b"diff")
+    assert content_identity({"x": record_a}) != content_identity({"x": StageRecord(files=(FileRef.of(b),))})
+    # plain parameters hash as they are
+    assert content_identity({"lr": 6e-4}) != content_identity({"lr": 3e-4})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# retry rules
+
+
+class _HTTPError(OSError):
+    def __init__(self, status: int):
+        super().__init__(f"HTTP {status}")
+        self.response = type("Response", (), {"status_code": status})()
+
+
+@pytest.mark.parametrize(
+    "exc, transient",
+    [
+        (ConnectionResetError("reset by peer"), True),
+        (TimeoutError("read timed out"), True),
+        (urllib.error.URLError("temporary failure in name resolution"), True),
+        (urllib.error.HTTPError("u", 503, "unavailable", None, None), True),
+        (urllib.error.HTTPError("u", 404, "not found", None, None), False),
+        (_HTTPError(429), True),
+        (_HTTPError(401), False),
+        (TransientError("training process died"), True),
+        (FileNotFoundError("no such corpus"), False),
+        (PermissionError("read-only"), False),
+        (ValueError("bad config"), False),
+    ],
+)
+def test_is_transient(exc, transient):
+    assert is_transient(exc) is transient
+
+
+# ---------------------------------------------------------------------------------------------------------
+# launcher
+
+
+def test_run_streaming_streams_lines_and_reports_failure_with_tail():
+    lines = []
+    cmd = [sys.executable, "-c", "import sys; print('one'); print('two', file=sys.stderr); sys.exit(3)"]
+    with pytest.raises(CommandFailed) as info:
+        run_streaming(cmd, lines.append)
+    assert lines == ["one", "two"]
+    assert info.value.returncode == 3
+    assert "two" in str(info.value)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by its parent) counts as dead
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_run_streaming_kills_the_whole_process_group_when_interrupted():
+    """The child starts a grandchild (as torchrun starts workers); an exception while streaming kills both."""
+
+    class Cancelled(Exception):
+        pass
+
+    seen = []
+
+    def on_line(line: str) -> None:
+        seen.append(line)
+        raise Cancelled  # what Prefect's SIGTERM bridge or a task timeout does mid-stream
+
+    script = "sleep 300 & echo $!; wait"
+    with pytest.raises(Cancelled):
+        run_streaming(["bash", "-c", script], on_line, grace_s=2.0)
+    grandchild = int(seen[0])
+    assert not _alive(grandchild)
+
+
+def test_torchrun_command_single_node_and_rendezvous():
+    single = torchrun_command("gpt2.train", ["--config", "c.json"], nproc=2)
+    assert single[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gpt2.train",
+                          "--config", "c.json"]
+    elastic = Rendezvous(nnodes=2, rdzv_endpoint="node0:29400", rdzv_id="job7").torchrun_args()
+    assert elastic == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=job7"]
+    static = Rendezvous(nnodes=2, node_rank=1, master_addr="10.0.0.1").torchrun_args()
+    assert static == ["--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500"]
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        Rendezvous(nnodes=2).torchrun_args()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# report figures
+
+
+def test_training_figures_hand_computed():
+    metrics = [
+        {"step": 0, "kind": "val", "val_loss": 11.0},
+        {"step": 0, "kind": "train", "loss": 10.9, "tok_s": 1.0, "mfu": None},  # warm-up step: excluded
+        {"step": 1, "kind": "train", "loss": 10.0, "tok_s": 100.0, "mfu": 0.25},
+        {"step": 2, "kind": "train", "loss": 9.0, "tok_s": 300.0, "mfu": 0.35},
+        {"step": 2, "kind": "val", "val_loss": 9.5},
+    ]
+    figures = training_figures(metrics)
+    assert figures == {"train_loss": 9.0, "val_loss": 9.5, "tokens_per_s": 200.0, "mfu": pytest.approx(0.30)}
