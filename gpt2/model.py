@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from kernels import add_layernorm, linear_cross_entropy
+from kernels.compile import register_inductor_fallbacks
 
 
 class CausalSelfAttention(nn.Module):
@@ -67,6 +68,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.use_kernels = use_kernels
+        if use_kernels:
+            register_inductor_fallbacks()  # else torch 2.11's compile of this path stalls (kernels/compile.py)
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),

@@ -131,6 +131,7 @@ def _linear_cross_entropy_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (mean loss (fp32 scalar), dloss/dx (N, C), dloss/dweight (Vp, C)); grads empty without compute_grad."""
     n_rows = x.size(0)
+    x, targets = x.contiguous(), targets.contiguous()
     # mean over non-ignored rows (all rows ignored gives nan, as F.cross_entropy does); kept on the
     # device so that no host sync stalls the pipeline
     n_valid = (targets != ignore_index).sum().float()
@@ -198,7 +199,7 @@ def linear_cross_entropy(
         raise ValueError(f"targets shape {tuple(targets.shape)} must equal x's leading shape {tuple(x.shape[:-1])}")
     compute_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
     loss, _, _ = _linear_cross_entropy_op(
-        x.reshape(-1, C).contiguous(), weight.contiguous(), targets.reshape(-1).contiguous(), vocab_size,
+        x.reshape(-1, C), weight, targets.reshape(-1), vocab_size,
         ignore_index, compute_dtype or x.dtype, chunk_rows, compute_grad,
     )
     return loss

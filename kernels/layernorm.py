@@ -99,6 +99,7 @@ def _add_layernorm_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (residual (N, C) in x's dtype, out (N, C) out_dtype, mean (N,) fp32, rstd (N,) fp32)."""
     N, C = x.shape
+    x, y = x.contiguous(), y.contiguous() if y is not None else None  # the kernels index rows as row * C
     if not use_triton(x):
         residual = (x + y).to(x.dtype) if y is not None else x.clone()
         z = residual.float()
@@ -136,6 +137,7 @@ def _add_layernorm_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dx in residual's dtype, dy in y_dtype (empty without y), dweight, dbias in weight's dtype)."""
     N, C = residual.shape
+    dout, dres = dout.contiguous(), dres.contiguous() if dres is not None else None
     if not use_triton(residual):
         xhat = (residual.float() - mean[:, None]) * rstd[:, None]  # (N, C)
         g = dout.float()
@@ -143,7 +145,8 @@ def _add_layernorm_bwd(
         dz = rstd[:, None] * (wg - wg.mean(1, keepdim=True) - xhat * (wg * xhat).mean(1, keepdim=True))
         if dres is not None:
             dz = dz + dres.float()
-        dy = dz.to(y_dtype) if y_dtype is not None else residual.new_empty(0)
+        # copies: a custom op's outputs may not alias each other even when the dtypes agree
+        dy = dz.to(y_dtype, copy=True) if y_dtype is not None else residual.new_empty(0)
         dw, db = (g * xhat).sum(0), g.sum(0)
         return dz.to(residual.dtype), dy, dw.to(weight.dtype), db.to(weight.dtype)
     n_programs = min(N, 8 * num_sms(residual.device))  # enough rows in flight per SM to hide latency
@@ -179,8 +182,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dres, dout, _dmean, _drstd):
     residual, weight, mean, rstd = ctx.saved_tensors
-    dx, dy, dw, db = _add_layernorm_bwd(residual, weight, mean, rstd, dout.contiguous(),
-                                        dres.contiguous() if dres is not None else None, ctx.y_dtype)
+    dx, dy, dw, db = _add_layernorm_bwd(residual, weight, mean, rstd, dout, dres, ctx.y_dtype)
     return dx, (dy if ctx.y_dtype is not None else None), dw, db, None, None
 
 
@@ -205,9 +207,8 @@ def add_layernorm(
         raise ValueError(f"weight and bias must be ({C},), got {tuple(weight.shape)} and {tuple(bias.shape)}")
     if y is not None and y.shape != x.shape:
         raise ValueError(f"y shape {tuple(y.shape)} must equal x shape {tuple(x.shape)}")
-    x2 = x.reshape(-1, C).contiguous()  # (N, C)
-    y2 = y.reshape(-1, C).contiguous() if y is not None else None
-    residual, out, _, _ = _add_layernorm_fwd(x2, y2, weight, bias, eps, out_dtype or x.dtype)
+    y2 = y.reshape(-1, C) if y is not None else None  # (N, C)
+    residual, out, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, weight, bias, eps, out_dtype or x.dtype)
     return residual.view(x.shape), out.view(x.shape)
 
 

@@ -46,6 +46,29 @@ def test_kernel_path_matches_plain_path():
         assert rel_err(fused(idx)[0], plain(idx)[0]) < 1e-5
 
 
+def test_reference_fallback_matches_plain_path(monkeypatch):
+    """Machines without Triton run the ops' PyTorch references: the same results, through the same
+    custom-op contract (for one, outputs may not alias each other, which fp32 makes easy to break)."""
+    import kernels.cross_entropy
+    import kernels.layernorm
+
+    for module in (kernels.cross_entropy, kernels.layernorm):
+        monkeypatch.setattr(module, "use_triton", lambda t: False)
+    plain, fused, idx, targets = models_and_batch()
+    plain(idx, targets, return_logits=False)[1].backward()
+    fused(idx, targets, return_logits=False)[1].backward()
+    assert_same_grads(plain, fused)
+
+
+def test_inductor_fallbacks_registered():
+    """GPT(use_kernels=True) registers the ops' Inductor lowerings up front (see kernels/compile.py)."""
+    from torch._inductor.lowering import lowerings
+
+    GPT(CONFIG, use_kernels=True)
+    for name in ("linear_cross_entropy", "add_layernorm_fwd", "add_layernorm_bwd"):
+        assert getattr(torch.ops.gpt2_kernels, name).default in lowerings, name
+
+
 def test_compiled_kernel_path_is_one_graph():
     """fullgraph=True fails on any graph break: the custom ops must trace as single nodes."""
     plain, fused, idx, targets = models_and_batch()
