@@ -14,6 +14,7 @@ import pytest
 import tiktoken
 
 from data import shards
+from data.fineweb import DocumentError
 from data.shards import ShardError, build_shards, read_shard, shard_num_tokens, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,3 +188,17 @@ def test_cli_builds_shards_from_a_local_folder(tmp_path):
     files = sorted((tmp_path / "out").glob("cli_*.bin"))
     assert [read_shard(f).tolist() for f in sorted(files, key=lambda f: f.name[-10:])] == chunks
     assert os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_bad_document_fails_naming_it_and_keeps_finished_shards(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    lines = [json.dumps({"text": d}) for d in make_documents(300)] + ['{"text": null}']
+    (src / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    with pytest.raises(DocumentError, match=r"docs\.jsonl line 301: 'text' is NoneType"):
+        shards.build_shards_from_source(src, out, "bad", shard_size=2000, num_workers=1)
+    progress = json.loads((out / shards.PROGRESS).read_text())
+    assert progress["shards"] and not (out / "manifest.json").exists()
+    for record in progress["shards"]:  # what was written is complete and listed
+        assert hashlib.sha256((out / record["file"]).read_bytes()).hexdigest() == record["sha256"]
