@@ -86,6 +86,8 @@ def iter_jsonl(path: str | os.PathLike, name: str | None = None) -> Iterator[dic
     name = name or str(path)
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
             where = f"{name} line {line_no}"
             try:
                 record = json.loads(line)
@@ -93,8 +95,8 @@ def iter_jsonl(path: str | os.PathLike, name: str | None = None) -> Iterator[dic
                 raise EvalFileError(f"{where}: not valid JSON ({e})") from e
             endings = record.get("endings") if isinstance(record, dict) else None
             if not (
-                isinstance(record.get("ctx"), str)
-                and isinstance(endings, list)
+                isinstance(endings, list)
+                and isinstance(record.get("ctx"), str)
                 and len(endings) == NUM_ENDINGS
                 and all(isinstance(e, str) for e in endings)
                 and record.get("label") in range(NUM_ENDINGS)

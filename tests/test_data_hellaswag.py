@@ -68,6 +68,9 @@ def test_download_from_local_path_and_prepare(tmp_path):
     bad.write_text(FIXTURE.read_text().splitlines()[0] + "\n" + '{"ctx": "x", "endings": ["a"], "label": 0}\n')
     with pytest.raises(EvalFileError, match=r"bad\.jsonl line 2: expected 'ctx'"):
         download(tmp_path / "other", source=bad)
+    bad.write_text("[1, 2]\n")
+    with pytest.raises(EvalFileError, match=r"bad\.jsonl line 1: expected 'ctx'"):
+        download(tmp_path / "other", source=bad)
     assert not (tmp_path / "other" / "hellaswag_val.jsonl").exists()  # nothing half-valid left behind
 
 
