@@ -27,6 +27,7 @@ import tiktoken
 from data.files import atomic_path, sha256_file
 
 EOT = 50256  # <|endoftext|>: prefixes every document in the token shards
+_EOT_ARRAY = np.array([EOT], dtype=np.uint32)  # same dtype as encode_to_numpy's output
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,3 @@ def encode_documents(texts: Iterable[str], enc: tiktoken.Encoding | None = None)
         return np.empty(0, dtype=np.uint16), np.empty(0, dtype=np.int64)
     lengths = np.array([len(p) for p in pieces[1::2]], dtype=np.int64) + 1
     return np.concatenate(pieces).astype(np.uint16), lengths
-
-
-_EOT_ARRAY = np.array([EOT], dtype=np.uint32)
