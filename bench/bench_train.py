@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import platform
+import signal
 import subprocess
 import time
 import traceback
@@ -184,6 +185,10 @@ def format_steps(results: list[StepResult]) -> str:
     return "\n".join(lines)
 
 
+def _raise_timeout(signum, frame) -> None:
+    raise TimeoutError("section ran past --section-timeout")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="d12", help="model descriptor (default d12)")
@@ -201,12 +206,15 @@ def main() -> None:
     parser.add_argument("--numerics-steps", type=int, default=50, help="0 skips the numerics check (default 50)")
     parser.add_argument("--extra", nargs="*", default=[], metavar="MODEL:B",
                         help="also time the kernels variant of these, e.g. d24:16 (grad_accum from --total-batch)")
+    parser.add_argument("--section-timeout", type=int, default=300,
+                        help="seconds before a part (one variant, the kernel table, ...) is abandoned (default 300)")
     parser.add_argument("--out", default="artifacts/bench", help="folder for JSON, profile and log files")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGALRM, _raise_timeout)
     torch.backends.cuda.matmul.allow_tf32 = True  # as gpt2.train sets it
     torch.backends.cudnn.allow_tf32 = True
 
@@ -215,12 +223,16 @@ def main() -> None:
     sections: list[str] = []
 
     def section(name: str, fn: Callable[[], str]) -> None:
-        """Run one part; a failure is logged and the others still run (one GPU session, one shot)."""
+        """Run one part; a failure or a stall past --section-timeout is logged with its traceback and
+        the other parts still run (GPU sessions are short: one stuck compile must not eat the rest)."""
         t0 = time.perf_counter()
+        signal.alarm(args.section_timeout)
         try:
             text = fn()
         except Exception:  # noqa: BLE001 - keep the rest of the benchmark
             text = f"FAILED:\n{traceback.format_exc()}"
+        finally:
+            signal.alarm(0)
         sections.append(f"## {name} ({time.perf_counter() - t0:.0f} s)\n{text}")
         print(sections[-1], flush=True)
         (out_dir / "bench.json").write_text(json.dumps(report, indent=1, default=str))
