@@ -11,5 +11,5 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 $PY -m pytest tests/test_kernels_cross_entropy.py tests/test_kernels_layernorm.py tests/test_kernels_model.py \
-    -q -x -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/tests.txt"
+    -q -x -m "not slow" -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/tests.txt"
 $PY -m bench.bench_train --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_log.txt"

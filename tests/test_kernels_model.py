@@ -78,6 +78,16 @@ def test_compiled_kernel_path_is_one_graph():
     assert_same_grads(plain, fused)
 
 
+@pytest.mark.slow
+def test_inductor_compiled_kernel_path_matches_plain_path():
+    """Inductor (not just tracing): the ops lower through the registered fallbacks and still give
+    the plain path's gradients."""
+    plain, fused, idx, targets = models_and_batch()
+    plain(idx, targets, return_logits=False)[1].backward()
+    torch.compile(fused)(idx, targets, return_logits=False)[1].backward()
+    assert_same_grads(plain, fused)
+
+
 @pytest.mark.gpu
 def test_configure_sdpa_picks_an_accurate_fused_backend():
     cuda = torch.backends.cuda
