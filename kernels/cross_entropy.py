@@ -113,7 +113,8 @@ def cross_entropy_rows_(
     _cross_entropy_rows_kernel[(n_rows,)](
         logits, logits.stride(0), targets, losses, ignore_index,
         grad_scale if compute_grad else losses,  # never read without COMPUTE_GRAD
-        n_vocab=n_vocab, n_cols=n_cols, COMPUTE_GRAD=compute_grad, BLOCK=min(4096, next_power_of_2(n_cols)), num_warps=8,
+        n_vocab=n_vocab, n_cols=n_cols, COMPUTE_GRAD=compute_grad,
+        BLOCK=min(4096, next_power_of_2(n_cols)), num_warps=8,
     )
     return losses
 
@@ -140,14 +141,15 @@ def _linear_cross_entropy_op(
     dx = torch.empty_like(x) if compute_grad else x.new_empty(0)
     dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if compute_grad else None
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
-    for start in range(0, n_rows, chunk_rows):
-        rows = slice(start, start + chunk_rows)
-        xc = x[rows].to(compute_dtype)  # (n, C)
-        logits = xc @ w.t()  # (n, Vp): the only logits ever held
-        loss_sum += cross_entropy_rows_(logits, targets[rows], vocab_size, ignore_index, grad_scale).sum()
-        if compute_grad:  # logits now hold dloss/dlogits
-            dx[rows] = logits @ w  # (n, C)
-            dw += logits.t() @ xc  # (Vp, C): summed in fp32 across chunks, rounded once per chunk
+    with torch.autocast(x.device.type, enabled=False):  # compute_dtype decides, not an outer autocast
+        for start in range(0, n_rows, chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            xc = x[rows].to(compute_dtype)  # (n, C)
+            logits = xc @ w.t()  # (n, Vp): the only logits ever held
+            loss_sum += cross_entropy_rows_(logits, targets[rows], vocab_size, ignore_index, grad_scale).sum()
+            if compute_grad:  # logits now hold dloss/dlogits
+                dx[rows] = logits @ w  # (n, C)
+                dw += logits.t() @ xc  # (Vp, C): summed in fp32 across chunks, rounded once per chunk
     loss = loss_sum / n_valid
     if not compute_grad:
         return loss, dx, x.new_empty(0)

@@ -21,7 +21,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize(
     "N, C, y_dtype, out_dtype, tol",
     [
-        (13, 24, torch.float32, torch.float32, 1e-5),  # rows and C not powers of two
+        # rows and C not powers of two; 37 rows > 16 backward programs on CPU, so programs walk
+        # several rows and the last one runs past the end (masked)
+        (37, 24, torch.float32, torch.float32, 1e-5),
         (13, 100, torch.bfloat16, torch.bfloat16, 2e-2),  # the training layout: fp32 residual, bf16 branch
         (5, 24, None, torch.float32, 1e-5),  # plain LayerNorm (first block's ln_1)
     ],
