@@ -129,6 +129,10 @@ class CheckpointRecord(StageRecord):
     def run_dir(self) -> Path:
         return Path(self.path).parent.parent  # <run_dir>/checkpoints/step_NNNNNNNN
 
+    def content_digest(self) -> str:
+        # the step is part of the identity: evaluations are filed and plotted under it
+        return f"{super().content_digest()}@{self.step}"
+
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
         from gpt2.checkpoint import COMPLETE_MARKER, MODEL_FILE, STATE_FILE
@@ -190,14 +194,23 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
 
 
 def _discard_damaged_shards(out_dir: Path) -> None:
-    """Remove the manifest of a shard folder whose shards no longer match it, so build_shards rebuilds it."""
+    """Remove the manifest of a shard folder whose shards no longer match it, so build_shards rebuilds it.
+
+    (build_shards trusts a finished manifest; this task only runs when the cache found the output damaged
+    or missing, so here every shard is checked against its recorded sha256.)
+    """
+    from data.files import read_json, sha256_file
     from data.shards import MANIFEST
 
-    if not (out_dir / MANIFEST).exists():
+    manifest_path = out_dir / MANIFEST
+    if not manifest_path.exists():
         return
-    if problem := ShardsRecord.from_manifest(out_dir).problem():
-        get_run_logger().warning("%s; rebuilding the shards of %s", problem, out_dir)
-        (out_dir / MANIFEST).unlink()
+    for shard in read_json(manifest_path)["shards"]:
+        path = out_dir / shard["file"]
+        if not path.is_file() or sha256_file(path) != shard["sha256"]:
+            get_run_logger().warning("%s is missing or changed; rebuilding the shards of %s", path, out_dir)
+            manifest_path.unlink()
+            return
 
 
 @task(name="tokenize", cache_policy=StageCache(stage="tokenize", code=TOKENIZE_CODE, ignore=("num_workers",)),

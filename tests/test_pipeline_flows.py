@@ -1,0 +1,310 @@
+"""The pipeline's flows against a real (temporary) Prefect server, offline, on the smoke deployment's config.
+
+One module-scoped server and one smoke run are shared by the tests below, which run in file order:
+each leaves the artifacts valid for the next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from pydantic import TypeAdapter
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+SHARD_HEADER_BYTES = 1024
+EOT = 50256
+
+
+def smoke_config(root: Path, **changes):
+    """The `gpt2-pretrain/smoke` deployment's parameters (prefect.yaml), with outputs under `root`."""
+    from flows.config import PipelineConfig
+
+    params = yaml.safe_load((REPO / "prefect.yaml").read_text())["definitions"]["smoke"]
+    params = {**params, "root": str(root), **changes}
+    for key in ("source", "hellaswag_source"):
+        params[key] = str(REPO / params[key])
+    return TypeAdapter(PipelineConfig).validate_python(params)
+
+
+def run_flow(flow_fn, *args, **kwargs):
+    """(flow run id, result or exception, seconds) of a flow called in this process."""
+    t0 = time.perf_counter()
+    state = flow_fn(*args, return_state=True, **kwargs)
+    elapsed = time.perf_counter() - t0
+    return state.state_details.flow_run_id, state.result(raise_on_failure=False), elapsed
+
+
+def task_runs(flow_run_id) -> dict[str, list]:
+    """Task runs of a flow run from the Prefect API, by task name (`tokenize`, `evaluate`, ...)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    by_task: dict[str, list] = {}
+    for run in runs:
+        by_task.setdefault(run.name.split("-")[0], []).append(run)  # run names: `tokenize-1a2`, `evaluate-step-10`
+    return by_task
+
+
+def states(flow_run_id, settle_s: float = 1.0, max_wait_s: float = 30.0) -> dict[str, str]:
+    """Final state name of each task of a flow run: `Completed` (it ran), `Cached` or `Failed`.
+
+    The server records task-run states from events, asynchronously: read until two reads `settle_s`
+    apart agree.
+    """
+    def read() -> dict[str, str]:
+        return {name: runs[-1].state.name for name, runs in task_runs(flow_run_id).items() if len(runs) == 1}
+
+    deadline = time.monotonic() + max_wait_s
+    previous = read()
+    while True:
+        time.sleep(settle_s)
+        current = read()
+        if current == previous or time.monotonic() > deadline:
+            return current
+        previous = current
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of every event of `tag` in all of a run's TensorBoard event files."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    def number(value) -> float:  # torch writes scalars as tensors, older writers as simple_value
+        return float(make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
+
+    events = []
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            events += [(event.step, number(value)) for value in event.summary.value if value.tag == tag]
+    return sorted(events)
+
+
+@dataclasses.dataclass
+class SmokeRun:
+    config: object
+    flow_run_id: object
+    records: dict
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    root = tmp_path_factory.mktemp("pipeline")
+    with prefect_test_harness(server_startup_timeout=180), \
+            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
+        yield root
+
+
+@pytest.fixture(scope="module")
+def smoke(prefect_server) -> SmokeRun:
+    from flows.pipeline import gpt2_pretrain
+
+    config = smoke_config(prefect_server / "artifacts")
+    flow_run_id, records, seconds = run_flow(gpt2_pretrain, config)
+    assert isinstance(records, dict), f"smoke pipeline failed: {records!r}"
+    return SmokeRun(config, flow_run_id, records, seconds)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_smoke_pipeline_end_to_end_offline(smoke):
+    from data.tokenizer import get_gpt2_encoding
+
+    config, records = smoke.config, smoke.records
+    assert states(smoke.flow_run_id) == {name: "Completed" for name in
+                                         ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")}
+
+    # shards: the corpus, EOT-prefixed and tokenized independently here, cut at shard_size
+    enc = get_gpt2_encoding()
+    docs = [json.loads(line)["text"] for line in Path(config.source).read_text().splitlines()]
+    expected = np.concatenate([[EOT] + enc.encode_ordinary(d) for d in docs]).astype(np.uint16)
+    paths = sorted(glob.glob(records["tokenize"].val_glob)) + sorted(glob.glob(records["tokenize"].train_glob))
+    written = []
+    for path in paths:
+        raw = Path(path).read_bytes()
+        header = np.frombuffer(raw[:SHARD_HEADER_BYTES], "<i4")
+        assert (header[0], header[1]) == (20240520, 1)
+        written.append(np.frombuffer(raw[SHARD_HEADER_BYTES:], "<u2"))
+        assert header[2] == len(written[-1])
+    assert [len(w) for w in written[:-1]] == [config.shard_size] * (len(written) - 1)
+    np.testing.assert_array_equal(np.concatenate(written), expected)
+
+    # training ran to max_steps from the init checkpoint and left a loss curve
+    run = records["train"]
+    assert run.steps == config.train["max_steps"]
+    assert Path(run.loss_curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # final evaluation: val loss recomputed here from the val shard (B x T batches, in order)
+    from gpt2.checkpoint import load_model
+
+    model, step = load_model(run.checkpoint.path)
+    B, T, steps = config.train["batch_size"], config.train["seq_len"], config.train["val_steps"]
+    val = torch.from_numpy(written[0].astype(np.int64))
+    with torch.no_grad():
+        losses = [model(val[i * B * T: (i + 1) * B * T].view(B, T), val[i * B * T + 1: (i + 1) * B * T + 1].view(B, T),
+                        return_logits=False)[1].item() for i in range(steps)]
+    evaluation = records["evaluate"]
+    assert evaluation.step == step == run.steps
+    assert evaluation.val_loss == pytest.approx(sum(losses) / steps, rel=1e-5)
+    assert evaluation.hellaswag["n"] == 8
+    assert tensorboard_scalars(Path(run.run_dir), "eval/val_loss") == [(run.steps, pytest.approx(evaluation.val_loss))]
+    assert len(records["sample"].samples) == config.num_samples
+
+    # the summary artifact sets the run beside the reference points
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (summary,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["gpt2-pretrain-summary"])))
+    assert "3.28" in summary.data and "0.2955" in summary.data and f"{evaluation.val_loss:.4f}" in summary.data
+
+
+def test_second_run_is_all_from_cache_and_10x_faster(smoke):
+    from flows.pipeline import gpt2_pretrain
+
+    flow_run_id, records, seconds = run_flow(gpt2_pretrain, smoke.config)
+    assert set(states(flow_run_id).values()) == {"Cached"}, states(flow_run_id)
+    assert records["train"] == smoke.records["train"]
+    assert seconds * 10 <= smoke.seconds, f"cached run took {seconds:.1f} s, the first {smoke.seconds:.1f} s"
+
+
+def test_single_stage_rerun(smoke):
+    from flows.pipeline import tokenize_flow
+
+    before = {p: sha256(p) for p in glob.glob(f"{smoke.records['tokenize'].out_dir}/*.bin")}
+    flow_run_id, records, _ = run_flow(tokenize_flow, smoke.config, force=True)
+    assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
+    assert {p: sha256(p) for p in before} == before
+
+
+def test_deleted_shard_reruns_tokenize_and_only_what_depends_on_it(smoke):
+    from flows.pipeline import gpt2_pretrain
+
+    shard = Path(sorted(glob.glob(smoke.records["tokenize"].train_glob))[0])
+    digest = sha256(shard)
+    shard.unlink()
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, smoke.config)
+    assert states(flow_run_id) == {
+        "download": "Cached", "hellaswag": "Cached", "init": "Cached",  # independent of the shards
+        "tokenize": "Completed",  # its cached record named a file that is gone
+        # the rebuilt shards hold the same tokens, so what depends on their content is still valid
+        "train": "Cached", "evaluate": "Cached", "sample": "Cached",
+    }
+    assert sha256(shard) == digest
+
+
+def test_corrupted_output_is_recomputed_not_returned_from_cache(smoke):
+    from flows.pipeline import hellaswag_flow
+
+    eval_file = Path(smoke.records["hellaswag"].path)
+    good = eval_file.read_bytes()
+    eval_file.write_bytes(good[:-2] + bytes([good[-2] ^ 0xFF, good[-1]]))  # same size, one byte flipped
+    flow_run_id, records, _ = run_flow(hellaswag_flow, smoke.config)
+    assert states(flow_run_id) == {"hellaswag": "Completed"}
+    assert eval_file.read_bytes() == good
+
+
+def test_changed_training_parameter_reruns_training_and_what_follows_only(smoke):
+    from flows.pipeline import gpt2_pretrain
+
+    config = dataclasses.replace(smoke.config, run_name="smoke-lr", train={**smoke.config.train, "lr": 3e-4})
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, config)
+    assert states(flow_run_id) == {
+        "download": "Cached", "tokenize": "Cached", "hellaswag": "Cached", "init": "Cached",
+        "train": "Completed", "evaluate": "Completed", "sample": "Completed",
+    }
+    assert json.loads((Path(records["train"].run_dir) / "config.json").read_text())["lr"] == 3e-4
+    assert records["train"].checkpoint.content_digest() != smoke.records["train"].checkpoint.content_digest()
+
+
+def test_transient_failure_is_retried_and_succeeds(smoke, tmp_path, monkeypatch):
+    import data.hellaswag
+    import flows.pipeline
+
+    real_prepare, calls = data.hellaswag.prepare, []
+
+    def flaky_prepare(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise ConnectionResetError("connection reset by peer")
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(data.hellaswag, "prepare", flaky_prepare)
+    fast_retries = flows.pipeline.prepare_hellaswag.with_options(retry_delay_seconds=0, retry_jitter_factor=None)
+    monkeypatch.setattr(flows.pipeline, "prepare_hellaswag", fast_retries)
+
+    flow_run_id, records, _ = run_flow(flows.pipeline.hellaswag_flow, dataclasses.replace(smoke.config, root=str(tmp_path)))
+    (run,) = task_runs(flow_run_id)["hellaswag"]
+    assert (run.state.name, run.run_count, len(calls)) == ("Completed", 2, 2)
+    assert records["hellaswag"].num_examples == 8
+
+
+def test_deterministic_failure_is_not_retried(smoke, tmp_path, monkeypatch):
+    import flows.pipeline
+    from data.hellaswag import EvalFileError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"ctx": "no endings"}\n')
+    fast_retries = flows.pipeline.prepare_hellaswag.with_options(retry_delay_seconds=0, retry_jitter_factor=None)
+    monkeypatch.setattr(flows.pipeline, "prepare_hellaswag", fast_retries)
+
+    config = dataclasses.replace(smoke.config, root=str(tmp_path), hellaswag_source=str(bad))
+    flow_run_id, error, _ = run_flow(flows.pipeline.hellaswag_flow, config)
+    assert isinstance(error, EvalFileError) and "bad.jsonl line 1" in str(error)
+    (run,) = task_runs(flow_run_id)["hellaswag"]
+    assert (run.state.name, run.run_count) == ("Failed", 1)
+
+
+def test_scheduled_evaluation_evaluates_each_checkpoint_exactly_once(smoke):
+    from flows.pipeline import gpt2_evaluate
+    from gpt2.checkpoint import list_checkpoints, load_checkpoint, model_from_state, save_checkpoint
+
+    run_dir = Path(smoke.records["train"].run_dir)
+    runs_dir = str(smoke.config.runs_dir)
+    first_id, first_rows, _ = run_flow(gpt2_evaluate, runs_dir)
+
+    # training goes on: a new checkpoint appears between two scans
+    state = load_checkpoint(smoke.records["train"].checkpoint.path)
+    model = model_from_state(state)
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(0.5)
+    new_step = smoke.records["train"].steps + 10
+    save_checkpoint(run_dir, new_step, {**state, "step": new_step, "model": model.state_dict()}, model)
+
+    second_id, second_rows, _ = run_flow(gpt2_evaluate, runs_dir)
+    steps = [step for step, _ in list_checkpoints(run_dir)]
+    evaluated_by_pipeline = smoke.records["evaluate"].step
+    first_evaluations = task_runs(first_id).get("evaluate", [])
+    first_steps = sorted(r["step"] for r in first_rows if r["evaluated_now"])
+    second_steps = sorted(r["step"] for r in second_rows if r["evaluated_now"])
+    assert first_steps == [s for s in steps if s not in (evaluated_by_pipeline, new_step)]
+    assert second_steps == [new_step]
+    assert [run.state.name for run in first_evaluations] == ["Completed"] * len(first_steps)
+    assert sorted(r["step"] for r in second_rows) == steps  # the table lists every checkpoint
+
+    # every checkpoint has exactly one evaluation in the run's TensorBoard log, at its own step
+    val_events = tensorboard_scalars(run_dir, "eval/val_loss")
+    assert [step for step, _ in val_events] == steps
+    ledger = {r["step"]: r["val_loss"] for r in second_rows}
+    assert all(value == pytest.approx(ledger[step]) for step, value in val_events)
