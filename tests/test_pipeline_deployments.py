@@ -1,0 +1,122 @@
+"""The README's run command (scripts/run.sh) from a fresh clone: server, work pool, deployments, worker, run.
+
+Once on the embedded SQLite database (the default) with `gpt2-pretrain/smoke`, once on a real PostgreSQL
+started here with a stage deployment. Both use a clone of the committed tree, whose .venv is a link to
+this checkout's, so nothing is written into the working tree.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def clone(tmp_path) -> Path:
+    """A fresh clone of the committed tree, sharing this checkout's virtual environment."""
+    path = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", str(REPO), str(path)], check=True)
+    (path / ".venv").symlink_to(REPO / ".venv")
+    return path
+
+
+def run_sh(clone: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment.update(PREFECT_PORT=str(free_port()), **(env or {}))
+    result = subprocess.run(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, capture_output=True,
+                            text=True, timeout=RUN_TIMEOUT_S)
+    worker_log = clone / ".prefect" / "worker.log"
+    assert result.returncode == 0, (f"run.sh failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n"
+                                    f"worker log:\n{worker_log.read_text()[-3000:] if worker_log.exists() else ''}")
+    return result
+
+
+def test_run_sh_smoke_from_a_fresh_clone(clone):
+    result = run_sh(clone)
+    assert "gpt2-pretrain/smoke finished with exit code 0" in result.stdout
+    assert "Prefect UI:   http://127.0.0.1:" in result.stdout and "--logdir" in result.stdout
+    assert (clone / ".prefect" / "prefect.db").is_file()  # the server's SQLite database lives in the project
+
+    (run_dir,) = [Path(p) for p in glob.glob(str(clone / "artifacts/runs/smoke/*"))]
+    evaluations = sorted((run_dir / "evaluations").glob("*.json"))
+    assert [p.name for p in evaluations] == ["step_00000020.json"]  # the smoke deployment's max_steps
+    assert json.loads(evaluations[0].read_text())["hellaswag"]["n"] == 8
+    assert (run_dir / "loss_curve.png").is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PostgreSQL
+
+
+def _postgres_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb")) or ([shutil.which("initdb")] if shutil.which("initdb") else [])
+    return Path(found[-1]).parent if found else None
+
+
+@pytest.fixture
+def postgres():
+    """A throwaway PostgreSQL server on a free port; yields its SQLAlchemy URL for Prefect."""
+    bindir = _postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL is not installed (scripts/install_postgres.sh installs it)")
+    # the server refuses to run as root: run it as the package's postgres user, in a folder it owns
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data = Path(tempfile.mkdtemp(prefix="gpt2-pipeline-pg-"))
+    if as_postgres:
+        user = pwd.getpwnam("postgres")
+        os.chown(data, user.pw_uid, user.pw_gid)
+    port = free_port()
+    subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(data / "db"), "-U", "postgres", "--auth=trust",
+                    "-E", "UTF8"], check=True, capture_output=True)
+    subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-l", str(data / "log"), "-w",
+                    "-o", f"-p {port} -k {data} -h 127.0.0.1", "start"], check=True, capture_output=True)
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres", port
+    finally:
+        subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data / "db"), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_run_sh_on_a_postgresql_backed_server(clone, postgres):
+    url, port = postgres
+    result = run_sh(clone, "gpt2-hellaswag/smoke", env={"PREFECT_API_DATABASE_CONNECTION_URL": url})
+    assert "gpt2-hellaswag/smoke finished with exit code 0" in result.stdout
+    assert not (clone / ".prefect" / "prefect.db").exists()  # nothing went to SQLite
+
+    def query(sql: str) -> list[str]:
+        out = subprocess.run([str(_postgres_bin() / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
+                              "-tAc", sql], check=True, capture_output=True, text=True).stdout
+        return out.split()
+
+    # the deployments and the finished flow run are rows of PostgreSQL tables
+    assert int(query("select count(*) from deployment")[0]) == len(_deployments())
+    assert query("select f.name || ':' || r.state_type from flow_run r join flow f on f.id = r.flow_id") == \
+        ["gpt2-hellaswag:COMPLETED"]
+    assert (clone / "artifacts/eval/hellaswag/hellaswag_val.bin").is_file()
+
+
+def _deployments() -> list[dict]:
+    import yaml
+
+    return yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
