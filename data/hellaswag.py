@@ -201,32 +201,41 @@ def prepare(out_dir: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VA
 # scoring
 
 
-def example_tensors(ex: Example) -> tuple[torch.Tensor, torch.Tensor]:
-    """tokens (4, T) int64 = context + ending, zero padded; mask (4, T) = 1 on the ending's tokens."""
-    rows = [ex.ctx_tokens + ending for ending in ex.ending_tokens]
-    T = max(len(r) for r in rows)
+def batch_tensors(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack the examples' rows (context + ending, 4 per example, in order), right-padded with zeros.
+
+    Returns tokens (4n, T) int64 and mask (4n, T) bool, True on the ending's tokens, where T is the
+    longest row. Padding goes at the end, so under causal attention it never changes an earlier position.
+    """
+    rows = [(ex.ctx_tokens + ending, len(ex.ctx_tokens)) for ex in examples for ending in ex.ending_tokens]
+    T = max(len(row) for row, _ in rows)
     tokens = torch.zeros(len(rows), T, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)
-    for i, (row, ending) in enumerate(zip(rows, ex.ending_tokens)):
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, (row, ctx_len) in enumerate(rows):
         tokens[i, : len(row)] = torch.tensor(row)
-        mask[i, len(ex.ctx_tokens) : len(row)] = 1
+        mask[i, ctx_len : len(row)] = True
     return tokens, mask
 
 
-def _argmin_first(values: list[float]) -> int:
-    return min(range(len(values)), key=lambda i: (values[i], i))  # ties: the lowest index
+def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum and mean of each row's ending-token losses, (rows,) each, on the logits' device.
+
+    logits (rows, T, V) for tokens and mask (rows, T) from `batch_tensors`. Only the ending positions are
+    converted to fp32 and scored, so no fp32 copy of the whole batch's logits is made.
+    """
+    scored = mask[:, 1:].to(logits.device)  # (rows, T-1): the loss at position t predicts token t+1
+    targets = tokens[:, 1:].to(logits.device)[scored]  # (N,) every row's ending tokens, row by row
+    token_losses = torch.zeros(scored.shape, device=logits.device)  # (rows, T-1), zero off the endings
+    token_losses[scored] = F.cross_entropy(logits[:, :-1][scored].float(), targets, reduction="none")
+    sum_loss = token_losses.sum(dim=1)
+    return sum_loss, sum_loss / scored.sum(dim=1)
 
 
-def predict(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
-    """(prediction by sum of ending losses, prediction by mean), from logits (4, T, V) for tokens (4, T)."""
-    tokens, mask = tokens.to(logits.device), mask.to(logits.device)
-    losses = F.cross_entropy(  # loss at position t predicts token t+1
-        logits[:, :-1].float().flatten(0, 1), tokens[:, 1:].flatten(), reduction="none"
-    ).view(tokens.size(0), -1)  # (4, T-1)
-    ending_mask = mask[:, 1:].float()  # (4, T-1)
-    sum_loss = (losses * ending_mask).sum(dim=1)
-    mean_loss = sum_loss / ending_mask.sum(dim=1)
-    return _argmin_first(sum_loss.tolist()), _argmin_first(mean_loss.tolist())
+def predict(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's predicted ending by lowest sum and by lowest mean loss, (n,) each, from (4n, ...) rows."""
+    sum_loss, mean_loss = ending_losses(logits, tokens, mask)
+    # (n, 4) per example; argmin returns the first of equal minima, so ties go to the lowest index
+    return sum_loss.view(-1, NUM_ENDINGS).argmin(dim=1), mean_loss.view(-1, NUM_ENDINGS).argmin(dim=1)
 
 
 def evaluate(
@@ -236,25 +245,36 @@ def evaluate(
     world_size: int = 1,
     all_reduce: Callable[[list[int]], list[int]] | None = None,
     limit: int | None = None,
+    examples_per_batch: int = 16,
     progress: bool = True,
 ) -> dict:
-    """Score HellaSwag with `logits_fn(tokens int64 (4, T) on CPU) -> logits (4, T, V)`, any device.
+    """Score HellaSwag with `logits_fn(tokens int64 (rows, T) on CPU) -> logits (rows, T, V)`, any device.
 
+    Each call scores `examples_per_batch` examples at once (the last batch may be smaller): their 4 rows
+    each, stacked and right-padded to the batch's longest row (`batch_tensors`); 16 examples = 64 rows,
+    as llm.c batches. Results do not depend on the batching (beyond float rounding: a model's logits for
+    a row may differ in the last bits with the padded length).
     Distributed: rank r scores examples i with i % world_size == r. Pass `all_reduce`, a function that sums
     a list of ints over all ranks (e.g. built on torch.distributed.all_reduce), to get global results on
     every rank; without it the counts and accuracies are this rank's share only.
     limit: score only the first `limit` examples of the file.
     Returns {"acc", "acc_norm", "n", "correct", "correct_norm"}.
     """
-    examples = read_eval_file(eval_path)[:limit]
-    correct = correct_norm = n = 0
-    for ex in tqdm(examples[rank::world_size], desc="hellaswag", disable=not progress or rank != 0):
-        tokens, mask = example_tensors(ex)
-        with torch.no_grad():
-            pred, pred_norm = predict(logits_fn(tokens), tokens, mask)
-        correct += pred == ex.label
-        correct_norm += pred_norm == ex.label
-        n += 1
+    if examples_per_batch < 1:
+        raise ValueError(f"examples_per_batch must be at least 1, got {examples_per_batch}")
+    examples = read_eval_file(eval_path)[:limit][rank::world_size]
+    correct = correct_norm = 0
+    with tqdm(total=len(examples), desc="hellaswag", unit="example", disable=not progress or rank != 0) as bar:
+        for start in range(0, len(examples), examples_per_batch):
+            batch = examples[start : start + examples_per_batch]
+            tokens, mask = batch_tensors(batch)
+            with torch.no_grad():
+                pred, pred_norm = predict(logits_fn(tokens), tokens, mask)
+            labels = torch.tensor([ex.label for ex in batch], device=pred.device)
+            correct += int((pred == labels).sum())
+            correct_norm += int((pred_norm == labels).sum())
+            bar.update(len(batch))
+    n = len(examples)
     if all_reduce is not None:
         correct, correct_norm, n = all_reduce([correct, correct_norm, n])
     return {

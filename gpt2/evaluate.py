@@ -49,10 +49,10 @@ def hellaswag(model: nn.Module, eval_path: str | os.PathLike, ctx: DistContext, 
 
     model.eval()
 
-    def logits_fn(tokens: torch.Tensor) -> torch.Tensor:  # (4, T) -> (4, T, V)
+    def logits_fn(tokens: torch.Tensor) -> torch.Tensor:  # (rows, T) -> (rows, T, V)
         with autocast_context(ctx.device, dtype):
             logits, _ = model(tokens.to(ctx.device))
-        return logits.float()
+        return logits  # autocast dtype: the scorer converts only the ending positions to fp32
 
     def sum_over_ranks(counts: list[int]) -> list[int]:
         return all_reduce_sum(torch.tensor(counts, dtype=torch.long, device=ctx.device), ctx).tolist()

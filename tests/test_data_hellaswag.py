@@ -9,7 +9,14 @@ import pytest
 import tiktoken
 import torch
 
-from data.hellaswag import EvalFileError, Example, download, evaluate, iter_jsonl, prepare, read_eval_file, render_example, write_eval_file
+import torch.nn.functional as F
+
+from data.hellaswag import (
+    EvalFileError, Example, batch_tensors, download, ending_losses, evaluate, iter_jsonl, prepare, read_eval_file,
+    render_example, write_eval_file,
+)
+from gpt2.config import GPTConfig
+from gpt2.model import GPT
 
 FIXTURE = Path(__file__).parent / "fixtures" / "data" / "hellaswag_mini.jsonl"
 
@@ -81,7 +88,7 @@ LOSS = {1: 10.0, 2: 10.0, 3: 1.0, 4: 0.5, 5: 3.0, 6: 2.0}
 
 
 def fake_logits(tokens: torch.Tensor) -> torch.Tensor:
-    """logits (4, T, V) whose cross-entropy at position t against tokens[:, t+1] is LOSS[tokens[:, t+1]]."""
+    """logits (rows, T, V) whose cross-entropy at position t against tokens[:, t+1] is LOSS[tokens[:, t+1]]."""
     rows, T = tokens.shape
     logits = torch.zeros(rows, T, V, dtype=torch.float64)  # the last position predicts nothing
     for i in range(rows):
@@ -113,10 +120,20 @@ def hand_eval_file(tmp_path):
     return path
 
 
-def test_scores_by_hand(hand_eval_file):
-    result = evaluate(fake_logits, hand_eval_file, progress=False)
+@pytest.mark.parametrize("examples_per_batch", [1, 3, 16])  # one per call, a partial last batch, all in one
+def test_scores_by_hand(hand_eval_file, examples_per_batch):
+    result = evaluate(fake_logits, hand_eval_file, examples_per_batch=examples_per_batch, progress=False)
     assert result == {"acc": 0.5, "acc_norm": 1.0, "n": 4, "correct": 2, "correct_norm": 4}
     assert evaluate(fake_logits, hand_eval_file, limit=1, progress=False)["acc_norm"] == 1.0
+
+
+def test_batch_rows_are_right_padded_with_ending_masks():
+    tokens, mask = batch_tensors(HAND_EXAMPLES[2:])
+    # example 2 (ctx [2, 1]) then example 3 (ctx [1]); the longest row is [1] + [4] * 6, 7 tokens
+    rows = [[2, 1, 6], [2, 1, 5], [2, 1, 4, 4], [2, 1, 4, 4], [1, 5, 5], [1, 6], [1, 6, 5], [1, 4, 4, 4, 4, 4, 4]]
+    ctx_lens = [2] * 4 + [1] * 4
+    assert tokens.tolist() == [row + [0] * (7 - len(row)) for row in rows]
+    assert mask.tolist() == [[c <= t < len(row) for t in range(7)] for row, c in zip(rows, ctx_lens)]
 
 
 def test_ranks_split_examples_and_all_reduce_combines(hand_eval_file):
@@ -130,3 +147,90 @@ def test_ranks_split_examples_and_all_reduce_combines(hand_eval_file):
 
     combined = evaluate(fake_logits, hand_eval_file, rank=0, world_size=2, all_reduce=all_reduce, progress=False)
     assert combined == evaluate(fake_logits, hand_eval_file, progress=False)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_batched_ranks_add_up_to_the_hand_scores(hand_eval_file, world_size):
+    totals = [0, 0, 0]
+    for rank in range(world_size):
+        batched = evaluate(fake_logits, hand_eval_file, rank=rank, world_size=world_size, examples_per_batch=3,
+                           progress=False)
+        one_by_one = evaluate(fake_logits, hand_eval_file, rank=rank, world_size=world_size, examples_per_batch=1,
+                              progress=False)
+        assert batched == one_by_one
+        totals = [a + b for a, b in zip(totals, (batched["correct"], batched["correct_norm"], batched["n"]))]
+    assert totals == [2, 4, 4]
+
+
+def test_bad_batch_size_is_refused(hand_eval_file):
+    with pytest.raises(ValueError, match="examples_per_batch must be at least 1, got 0"):
+        evaluate(fake_logits, hand_eval_file, examples_per_batch=0, progress=False)
+
+
+# A tiny real GPT: padding is right, masks are right and rows do not leak into each other only if the
+# batched losses equal those of each row run alone, unpadded.
+TINY_GPT = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=256, padded_vocab_size=256)
+
+
+def random_examples(n: int, seed: int = 0) -> list[Example]:
+    """Examples of different context and ending lengths (rows of 3 to 26 tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens(lo: int, hi: int) -> list[int]:
+        return torch.randint(0, 256, (int(torch.randint(lo, hi, (1,), generator=gen)),), generator=gen).tolist()
+
+    return [Example(index=i, label=i % 4, ctx_tokens=tokens(2, 15), ending_tokens=[tokens(1, 12) for _ in range(4)])
+            for i in range(n)]
+
+
+def row_alone_losses(model: GPT, ex: Example) -> list[tuple[float, float]]:
+    """(sum, mean) of each ending's token losses, each row run by itself with no padding."""
+    out = []
+    for ending in ex.ending_tokens:
+        row = torch.tensor([ex.ctx_tokens + ending])
+        logits, _ = model(row[:, :-1])
+        losses = F.cross_entropy(logits[0, len(ex.ctx_tokens) - 1 :], row[0, len(ex.ctx_tokens) :], reduction="none")
+        out.append((losses.sum().item(), losses.mean().item()))
+    return out
+
+
+def test_tiny_gpt_batched_equals_rows_alone(tmp_path):
+    model = GPT.create(TINY_GPT, seed=1).eval()
+    examples = random_examples(7)
+    path = tmp_path / "random.bin"
+    write_eval_file(path, examples)
+
+    with torch.no_grad():
+        reference = [row_alone_losses(model, ex) for ex in examples]
+        tokens, mask = batch_tensors(examples)
+        sum_loss, mean_loss = ending_losses(model(tokens)[0], tokens, mask)
+    assert sum_loss.tolist() == pytest.approx([s for ex in reference for s, _ in ex], rel=1e-5)
+    assert mean_loss.tolist() == pytest.approx([m for ex in reference for _, m in ex], rel=1e-5)
+
+    def first_min(values: list[float]) -> int:
+        return min(range(4), key=lambda i: (values[i], i))
+
+    def expected(rank: int, world_size: int) -> tuple[int, int, int]:
+        mine = range(rank, len(examples), world_size)
+        correct = sum(first_min([s for s, _ in reference[i]]) == examples[i].label for i in mine)
+        correct_norm = sum(first_min([m for _, m in reference[i]]) == examples[i].label for i in mine)
+        return correct, correct_norm, len(mine)
+
+    assert 0 < expected(0, 1)[1] < 7  # a meaningful fixture: some right, some wrong
+
+    shapes = []  # what logits_fn was given, call by call
+
+    def logits_fn(tokens: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(tokens.shape))
+        return model(tokens)[0]
+
+    for examples_per_batch, rank, world_size in [(1, 0, 1), (3, 0, 1), (16, 0, 1), (2, 1, 2), (2, 0, 3)]:
+        shapes.clear()
+        with torch.no_grad():
+            got = evaluate(logits_fn, path, rank=rank, world_size=world_size, examples_per_batch=examples_per_batch,
+                           progress=False)
+        assert (got["correct"], got["correct_norm"], got["n"]) == expected(rank, world_size)
+        mine = examples[rank::world_size]
+        batches = [mine[i : i + examples_per_batch] for i in range(0, len(mine), examples_per_batch)]
+        assert shapes == [(4 * len(b), max(len(ex.ctx_tokens) + len(e) for ex in b for e in ex.ending_tokens))
+                          for b in batches]
