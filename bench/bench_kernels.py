@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import traceback
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -96,11 +97,39 @@ def bench_classifier(cfg: GPTConfig, N: int, ceil: Ceilings, chunk_rows: tuple[i
     for n in chunk_rows:
         loss_fn = lambda n=n: linear_cross_entropy(x, w, targets, V, compute_dtype=torch.bfloat16, chunk_rows=n)
         rows.append(KernelTiming("classifier fwd+bwd", f"fused, chunk {n}", *timed(fwd_bwd(loss_fn)), floor))
+    return rows + bench_cross_entropy_rows(cfg, min(N, chunk_rows[0]), ceil)
+
+
+def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[KernelTiming]:
+    """The classifier's softmax pass alone on one (n, Vp) bf16 chunk, per launch shape (columns per
+    block, warps); the first is the one kernels/cross_entropy.py uses. It overwrites the logits with
+    dlogits, so later repetitions see other values: the timing does not depend on them."""
+    from kernels.cross_entropy import _cross_entropy_rows_kernel
+
+    V, Vp = cfg.vocab_size, cfg.padded_vocab_size
+    g = torch.Generator(device="cuda").manual_seed(4)
+    logits = torch.randn(n, Vp, device="cuda", dtype=torch.bfloat16, generator=g)
+    targets = torch.randint(0, V, (n,), device="cuda", generator=g)
+    losses = torch.empty(n, device="cuda")
+    grad_scale = torch.full((1,), 1.0 / n, device="cuda")
+    floor = _floor_ms(0, 3 * n * Vp * 2, ceil)  # read the bf16 logits twice, write dlogits once
+    rows = []
+    for block, warps in ((4096, 8), (2048, 4), (2048, 8), (8192, 16), (4096, 16)):
+        def run(block=block, warps=warps):
+            _cross_entropy_rows_kernel[(n,)](logits, logits.stride(0), targets, losses, -1, grad_scale,
+                                             n_vocab=V, n_cols=Vp, COMPUTE_GRAD=True, BLOCK=block, num_warps=warps)
+        rows.append(KernelTiming(f"classifier softmax pass ({n} rows)", f"{block} columns/block, {warps} warps",
+                                 *timed(run), floor))
     return rows
 
 
 def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
-    """residual (fp32) + branch (bf16) -> (residual, LayerNorm in bf16), forward and backward."""
+    """residual (fp32) + branch (bf16) -> (residual, LayerNorm in bf16), forward and backward, both
+    under torch.compile as in training (eager, the custom op's Python dispatch shows in the timing);
+    then the backward kernel alone in each launch shape its autotuner chooses from."""
+    from kernels.compile import register_inductor_fallbacks
+
+    register_inductor_fallbacks()
     C = cfg.n_embd
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(N, C, device="cuda", generator=g).requires_grad_()
@@ -115,20 +144,51 @@ def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTi
         r = x + y
         return r, F.layer_norm(r, (C,), w, b).to(torch.bfloat16)
 
+    fused = torch.compile(lambda x, y, w, b: add_layernorm(x, y, w, b, out_dtype=torch.bfloat16))
+
     def fwd_bwd(fn):
         def run():
             x.grad = y.grad = w.grad = b.grad = None
-            torch.autograd.backward(fn(), (d_res, d_out))
+            torch.autograd.backward(fn(x, y, w, b), (d_res, d_out))
         return run
 
-    # forward: read x 4 + y 2, write residual 4 + out 2; backward: read residual 4 + d_out 2 + d_res 4,
-    # write dx 4 + dy 2 bytes per element
+    # forward: read x 4 + y 2, write residual 4 + out 2 + bf16 residual copy 2; backward: read that
+    # copy 2 + d_out 2 + d_res 4, write dx 4 + dy 2 bytes per element
     floor = _floor_ms(0, 28 * N * C, ceil)
-    return [
-        KernelTiming("add+layernorm fwd+bwd", "torch.compile", *timed(fwd_bwd(lambda: plain(x, y, w, b))), floor),
-        KernelTiming("add+layernorm fwd+bwd", "fused", *timed(fwd_bwd(
-            lambda: add_layernorm(x, y, w, b, out_dtype=torch.bfloat16))), floor),
-    ]
+    rows = [KernelTiming("add+layernorm fwd+bwd", "torch.compile", *timed(fwd_bwd(plain)), floor),
+            KernelTiming("add+layernorm fwd+bwd", "fused (compiled graph)", *timed(fwd_bwd(fused)), floor),
+            KernelTiming("add+layernorm fwd+bwd", "fused (eager)", *timed(fwd_bwd(
+                lambda x, y, w, b: add_layernorm(x, y, w, b, out_dtype=torch.bfloat16))), floor)]
+    return rows + bench_layernorm_backward_configs(N, C, ceil)
+
+
+def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[KernelTiming]:
+    """The backward kernel alone (with its dW/dB partial sums, without their final reduction) per
+    launch shape in kernels.layernorm._BWD_CONFIGS."""
+    from kernels._triton import next_power_of_2, num_sms
+    from kernels.layernorm import _BWD_CONFIGS, _BWD_PROGRAMS_PER_SM, _add_layernorm_bwd_kernel
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    z = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
+    dres = torch.randn(N, C, device="cuda", generator=g)
+    w = torch.ones(C, device="cuda")
+    mean, rstd = torch.zeros(N, device="cuda"), torch.ones(N, device="cuda")
+    dx, dy = torch.empty_like(dres), torch.empty_like(dout)
+    n_programs = min(N, _BWD_PROGRAMS_PER_SM * num_sms(z.device))
+    rows_per_program = -(-N // n_programs)
+    n_programs = -(-N // rows_per_program)
+    partial = torch.empty(2, n_programs, C, device="cuda")
+    floor = _floor_ms(0, 14 * N * C, ceil)  # read z 2 + dout 2 + dres 4, write dx 4 + dy 2
+    rows = []
+    for config in _BWD_CONFIGS:
+        def run(config=config):
+            _add_layernorm_bwd_kernel[(n_programs,)](
+                z, w, mean, rstd, dout, dres, dx, dy, partial, N, C=C, ROWS_PER_PROGRAM=rows_per_program,
+                HAS_DRES=True, HAS_Y=True, BLOCK_C=next_power_of_2(C), **config)
+        impl = f"{config['BLOCK_R']} rows/iteration, {config['num_warps']} warps"
+        rows.append(KernelTiming("add+layernorm bwd kernel", impl, *timed(run), floor))
+    return rows
 
 
 def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[KernelTiming]:
@@ -177,7 +237,10 @@ def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...]) -> tupl
     rows = []
     for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows), lambda: bench_add_layernorm(cfg, B * T, ceil),
                   lambda: bench_attention(cfg, B, T, ceil), lambda: bench_adamw(cfg, ceil)):
-        rows += bench()
+        try:
+            rows += bench()
+        except Exception:  # noqa: BLE001 - one op's failure must not cost the other rows of a scarce GPU run
+            print(f"FAILED:\n{traceback.format_exc()}", flush=True)
         torch.cuda.empty_cache()
     return ceil, rows
 

@@ -1,12 +1,21 @@
-"""Numerics check: N training steps with the kernels path and with the plain path, same init and batches.
+"""Numerics check: N training steps of the kernels path, the plain path and an fp32 reference, same
+init and batches.
 
-Both paths run bf16 autocast, so they can only agree to bf16 noise: every matmul rounds its output
-to bf16 (2^-9 relative), and a different but equally valid order of the same arithmetic moves the
-loss by a little, which training then carries forward. To measure that noise rather than guess it,
-the plain path is also run with another SDPA backend (efficient instead of flash): same model, same
-math, different rounding. Tolerance: the kernels path may differ from the plain path by at most
-max(TOL_ABS, 2 x that measured noise) at every step. TOL_ABS = 0.02 is about one bf16 rounding unit
-of the loss itself (2^-9 x ~10), the resolution at which a bf16 model's loss is defined at all.
+The kernels and plain paths both train under bf16 autocast, so neither reproduces exact arithmetic:
+every matmul rounds its output to bf16 (2^-9 relative) and training carries those differences
+forward. The question is whether the kernels path is any further from exact arithmetic than plain
+bf16 training is. So a third run is the reference: the plain path in fp32 (autocast off, TF32 off,
+SDPA math backend), and
+
+    bf16 noise = max over steps |loss_plain_bf16 - loss_fp32|
+    error      = max over steps |loss_kernels_bf16 - loss_fp32|
+    PASS if error <= max(TOL_ABS, 2 x bf16 noise)
+
+TOL_ABS = 0.02 is about one bf16 rounding unit of the loss itself (2^-9 x ~10), the resolution at
+which a bf16 model's loss is defined at all. The factor 2 leaves room for the kernels path's own,
+different but equally valid, rounding order. First-step gradients are compared per parameter too
+(relative L2 error against fp32, kernels and plain side by side): a wrong gradient shows there even
+when the losses still agree.
 
 Data are synthetic but learnable (Zipf-distributed tokens with a deterministic successor half of the
 time), so the loss falls and the comparison covers real training dynamics, not a flat line at ln V.
@@ -18,21 +27,31 @@ Eager mode (no compile): the point is the arithmetic, not speed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from dataclasses import dataclass
 
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.distributed import autocast_context
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
 from kernels.attention import configure_sdpa
 
 TOL_ABS = 0.02
-PATHS = {  # name -> (use_kernels, SDPA preference)
-    "plain": (False, ("flash",)),
-    "plain-efficient": (False, ("efficient",)),  # the noise reference
-    "kernels": (True, ("cudnn", "flash")),
+
+
+@dataclass(frozen=True)
+class Path:
+    use_kernels: bool
+    bf16: bool  # bf16 autocast; False: fp32 with TF32 off
+    sdpa: tuple[str, ...]  # SDPA backend preference (kernels.attention.configure_sdpa)
+
+
+PATHS = {
+    "fp32": Path(use_kernels=False, bf16=False, sdpa=("math",)),  # the reference: exact fp32 attention too
+    "plain": Path(use_kernels=False, bf16=True, sdpa=("flash",)),
+    "kernels": Path(use_kernels=True, bf16=True, sdpa=("cudnn", "flash")),
 }
 
 
@@ -48,41 +67,75 @@ def synthetic_batches(vocab_size: int, steps: int, B: int, T: int, seed: int = 0
     return tokens.view(steps, B, T + 1)
 
 
-def train_losses(descriptor: str, use_kernels: bool, sdpa: tuple[str, ...], batches: torch.Tensor) -> list[float]:
+@contextlib.contextmanager
+def exact_fp32():
+    """TF32 off for matmuls and cuDNN inside; the caller's settings restored after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def train_path(descriptor: str, path: Path, batches: torch.Tensor) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """-> (loss per step, first step's gradients by parameter name (fp32, CPU, before clipping))."""
     config = GPTConfig.from_descriptor(descriptor)
-    configure_sdpa(config.n_head, config.head_size, preference=sdpa)
-    model = GPT.create(config, seed=42, device="cuda", use_kernels=use_kernels)
+    configure_sdpa(config.n_head, config.head_size, dtype=torch.bfloat16 if path.bf16 else torch.float32,
+                   preference=path.sdpa)
+    model = GPT.create(config, seed=42, device="cuda", use_kernels=path.use_kernels)
     optimizer = configure_optimizer(model, 6e-4, 0.1, fused=True)
     steps = batches.size(0)
-    losses = []
-    for step, tokens in enumerate(batches.cuda()):
-        with autocast_context(tokens.device, "bfloat16"):
-            _, loss = model(tokens[:, :-1], tokens[:, 1:], return_logits=False)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, 6e-4, steps, warmup_steps=10)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    return losses
+    losses, first_grads = [], {}
+    with contextlib.nullcontext() if path.bf16 else exact_fp32():
+        for step, tokens in enumerate(batches.cuda()):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=path.bf16):
+                _, loss = model(tokens[:, :-1], tokens[:, 1:], return_logits=False)
+            loss.backward()
+            if step == 0:
+                first_grads = {name: p.grad.float().cpu() for name, p in model.named_parameters()}
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, 6e-4, steps, warmup_steps=10)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    return losses, first_grads
+
+
+def grad_errors(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Relative L2 error of each parameter's gradient against the reference's."""
+    return {name: float((g - reference[name]).norm() / reference[name].norm().clamp_min(1e-30))
+            for name, g in grads.items()}
 
 
 def compare_paths(descriptor: str = "d12", B: int = 8, T: int = 1024, steps: int = 50) -> dict:
     batches = synthetic_batches(GPTConfig.from_descriptor(descriptor).vocab_size, steps, B, T)
-    losses = {name: train_losses(descriptor, k, sdpa, batches) for name, (k, sdpa) in PATHS.items()}
+    losses, grads = {}, {}
+    for name, path in PATHS.items():
+        losses[name], grads[name] = train_path(descriptor, path, batches)
+        torch.cuda.empty_cache()
 
     def max_diff(a: str, b: str) -> float:
         return max(abs(x - y) for x, y in zip(losses[a], losses[b]))
 
-    noise = max_diff("plain", "plain-efficient")
-    diff = max_diff("kernels", "plain")
+    noise = max_diff("plain", "fp32")
+    error = max_diff("kernels", "fp32")
     tolerance = max(TOL_ABS, 2 * noise)
-    summary = (f"{descriptor} B={B} T={T}, {steps} steps: loss {losses['plain'][0]:.4f} -> {losses['plain'][-1]:.4f} "
-               f"(plain); max |kernels - plain| = {diff:.4f}; measured bf16 noise max |plain(flash) - "
-               f"plain(efficient)| = {noise:.4f}; tolerance {tolerance:.4f}: {'PASS' if diff <= tolerance else 'FAIL'}")
-    return {"losses": losses, "max_diff": diff, "noise": noise, "tolerance": tolerance,
-            "passed": diff <= tolerance, "summary": summary}
+    errors = {name: grad_errors(grads[name], grads["fp32"]) for name in ("plain", "kernels")}
+    worst = sorted(errors["kernels"], key=lambda n: -errors["kernels"][n])[:5]
+    grad_lines = [f"  {n}: kernels {errors['kernels'][n]:.2e}, plain {errors['plain'][n]:.2e}" for n in worst]
+    summary = "\n".join([
+        f"{descriptor} B={B} T={T}, {steps} steps: loss {losses['fp32'][0]:.4f} -> {losses['fp32'][-1]:.4f} (fp32); "
+        f"max |kernels - fp32| = {error:.4f}; bf16 noise max |plain - fp32| = {noise:.4f}; "
+        f"tolerance max({TOL_ABS}, 2 x noise) = {tolerance:.4f}: {'PASS' if error <= tolerance else 'FAIL'} "
+        f"(max |kernels - plain| = {max_diff('kernels', 'plain'):.4f})",
+        f"first-step gradients, relative L2 error vs fp32, max over parameters: kernels "
+        f"{max(errors['kernels'].values()):.2e}, plain {max(errors['plain'].values()):.2e}; worst for kernels:",
+        *grad_lines,
+    ])
+    return {"losses": losses, "grad_errors": errors, "max_error": error, "noise": noise, "tolerance": tolerance,
+            "passed": error <= tolerance, "summary": summary}
 
 
 def main() -> None:
@@ -91,7 +144,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="B (default 8)")
     parser.add_argument("--seq-len", type=int, default=1024, help="T (default 1024)")
     parser.add_argument("--steps", type=int, default=50, help="training steps per path (default 50)")
-    parser.add_argument("--json", help="also write losses and verdict to this JSON file")
+    parser.add_argument("--json", help="also write losses, gradient errors and verdict to this JSON file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")

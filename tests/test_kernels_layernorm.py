@@ -85,3 +85,21 @@ def test_mismatched_shapes_are_rejected():
         add_layernorm(x, y, torch.ones(24), torch.zeros(24))
     with pytest.raises(ValueError, match="weight and bias"):
         add_layernorm(x, None, torch.ones(20), torch.zeros(20))
+
+
+@pytest.mark.parametrize("out_dtype, saved_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)])
+def test_backward_saves_the_residual_in_the_output_dtype(out_dtype, saved_dtype):
+    """The memory claim: with a bf16 output, the only (N, C) tensor kept for backward is bf16 (the
+    fp32 residual can be freed after the next add); with an fp32 output the residual itself."""
+    x = torch.randn(8, 24, device=DEVICE, requires_grad=True)
+    y = torch.randn(8, 24, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    w, b = torch.ones(24, device=DEVICE, requires_grad=True), torch.zeros(24, device=DEVICE, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append((tuple(t.shape), t.dtype))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        add_layernorm(x, y, w, b, out_dtype=out_dtype)
+    assert [dtype for shape, dtype in saved if shape == (8, 24)] == [saved_dtype]

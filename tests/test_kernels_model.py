@@ -82,9 +82,14 @@ def test_compiled_kernel_path_is_one_graph():
 def test_inductor_compiled_kernel_path_matches_plain_path():
     """Inductor (not just tracing): the ops lower through the registered fallbacks and still give
     the plain path's gradients."""
+    from torch._inductor import config as inductor_config
+
     plain, fused, idx, targets = models_and_batch()
     plain(idx, targets, return_logits=False)[1].backward()
-    torch.compile(fused)(idx, targets, return_logits=False)[1].backward()
+    # Inductor's on-disk graph cache does not key on a custom op's schema: after an op gains an output,
+    # a cached graph would index the old outputs
+    with inductor_config.patch(force_disable_caches=True):
+        torch.compile(fused)(idx, targets, return_logits=False)[1].backward()
     assert_same_grads(plain, fused)
 
 
