@@ -42,11 +42,15 @@ cleanup() {
         echo "[run] left running: server and worker (pids ${pids[*]}); stop them with: kill ${pids[*]}"
         return
     fi
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
+    # the worker first (it needs the server to shut down cleanly), then the server; SIGKILL after 20 s
+    local i
+    for (( i=${#pids[@]}-1; i>=0; i-- )); do
+        kill "${pids[i]}" 2>/dev/null || continue
+        for _ in $(seq 20); do
+            kill -0 "${pids[i]}" 2>/dev/null || break
+            sleep 1
+        done
+        kill -9 "${pids[i]}" 2>/dev/null || true
     done
 }
 trap cleanup EXIT
