@@ -113,10 +113,11 @@ def test_run_sh_on_a_postgresql_backed_server(clone, postgres):
                               "-tAc", sql], check=True, capture_output=True, text=True).stdout
         return out.split()
 
-    # the deployments and the finished flow run are rows of PostgreSQL tables
+    # the deployments and the flow runs are rows of PostgreSQL tables
     assert int(query("select count(*) from deployment")[0]) == len(_deployments())
-    assert query("select f.name || ':' || r.state_type from flow_run r join flow f on f.id = r.flow_id") == \
-        ["gpt2-hellaswag:COMPLETED"]
+    runs = query("select f.name || ':' || r.state_type from flow_run r join flow f on f.id = r.flow_id")
+    assert [r for r in runs if r.startswith("gpt2-hellaswag:")] == ["gpt2-hellaswag:COMPLETED"]
+    assert "gpt2-evaluate:SCHEDULED" in runs  # the scheduler filled in gpt2-evaluate/scheduled's interval
     assert (clone / "artifacts/eval/hellaswag/hellaswag_val.bin").is_file()
 
 
