@@ -299,7 +299,7 @@ def main() -> None:
             report["numerics"] = result
             return result["summary"]
 
-        section("numerics: kernels vs plain", numerics_section)
+        section("numerics: kernels and plain bf16 vs fp32", numerics_section)
     for spec in args.extra:
         model, b = spec.split(":")
 
