@@ -10,6 +10,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -274,6 +275,37 @@ def test_deterministic_failure_is_not_retried(smoke, tmp_path, monkeypatch):
     assert isinstance(error, EvalFileError) and "bad.jsonl line 1" in str(error)
     (run,) = task_runs(flow_run_id)["hellaswag"]
     assert (run.state.name, run.run_count) == ("Failed", 1)
+
+
+def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke, monkeypatch):
+    import flows.pipeline
+    import tasks.stages
+    from tasks.launch import CommandFailed
+
+    real_run, starts = tasks.stages.run_streaming, []
+
+    def crash_after_first_checkpoint(cmd, on_line, **kwargs):
+        """The first launch dies right after checkpoint 10 is written, as a node failure would kill it."""
+        attempt = len(starts)
+
+        def watch(line: str) -> None:
+            on_line(line)
+            if m := re.search(r"start step (\d+)/", line):
+                starts.append(int(m.group(1)))
+            if attempt == 0 and line.startswith("step    11/"):
+                raise CommandFailed(cmd, -9, [line])
+
+        real_run(cmd, watch, **kwargs)
+
+    monkeypatch.setattr(tasks.stages, "run_streaming", crash_after_first_checkpoint)
+    monkeypatch.setattr(flows.pipeline, "train", flows.pipeline.train.with_options(retry_delay_seconds=0))
+
+    config = dataclasses.replace(smoke.config, run_name="smoke-retry")
+    flow_run_id, records, _ = run_flow(flows.pipeline.train_flow, config)
+    (run,) = task_runs(flow_run_id)["train"]
+    assert (run.state.name, run.run_count) == ("Completed", 2)
+    assert starts == [0, 10]  # the retry resumed from checkpoint 10 instead of starting over
+    assert records["train"].steps == config.train["max_steps"]
 
 
 def test_scheduled_evaluation_evaluates_each_checkpoint_exactly_once(smoke):
