@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 import sys
 import urllib.error
 
