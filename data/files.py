@@ -1,4 +1,4 @@
-"""Small file helpers shared by the data stages: atomic writes and hashing."""
+"""Small file helpers shared by the data stages: atomic writes, JSON lines and hashing."""
 
 from __future__ import annotations
 
@@ -37,6 +37,23 @@ def read_json(path: str | os.PathLike) -> dict:
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e}); delete it and rerun the stage") from e
+
+
+def iter_jsonl_records(
+    path: str | os.PathLike, error: type[Exception] = ValueError, name: str | None = None
+) -> Iterator[tuple[str, object]]:
+    """("FILE line N", parsed value) for each non-blank line; a line that is not JSON raises `error`
+    naming the file and line. `name` replaces the path in messages (e.g. the URL it came from)."""
+    name = name or str(path)
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{name} line {line_no}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise error(f"{where}: not valid JSON ({e})") from e
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 24) -> str:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from tqdm import tqdm
 
-from data.files import atomic_path, read_json, write_json
+from data.files import atomic_path, iter_jsonl_records, read_json, write_json
 
 FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
 FINEWEB_CONFIGS = ("sample-10BT", "sample-100BT")
@@ -52,18 +51,10 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, object]]:
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path} line {line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DocumentError(f"{where}: not valid JSON ({e})") from e
-            if not isinstance(record, dict) or TEXT_COLUMN not in record:
-                raise DocumentError(f"{where}: expected a JSON object with a '{TEXT_COLUMN}' field")
-            yield where, record[TEXT_COLUMN]
+    for where, record in iter_jsonl_records(path, DocumentError):
+        if not isinstance(record, dict) or TEXT_COLUMN not in record:
+            raise DocumentError(f"{where}: expected a JSON object with a '{TEXT_COLUMN}' field")
+        yield where, record[TEXT_COLUMN]
 
 
 def local_files(path: str | os.PathLike) -> list[Path]:

@@ -16,7 +16,6 @@ DIR/hellaswag_val.bin.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import urllib.request
@@ -30,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from data.files import atomic_path
+from data.files import atomic_path, iter_jsonl_records
 from data.tokenizer import get_gpt2_encoding
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -83,28 +82,19 @@ def download(dest: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VAL_
 
 def iter_jsonl(path: str | os.PathLike, name: str | None = None) -> Iterator[dict]:
     """Yield the HellaSwag records of a jsonl file, checking the fields rendering needs."""
-    name = name or str(path)
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{name} line {line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalFileError(f"{where}: not valid JSON ({e})") from e
-            endings = record.get("endings") if isinstance(record, dict) else None
-            if not (
-                isinstance(endings, list)
-                and isinstance(record.get("ctx"), str)
-                and len(endings) == NUM_ENDINGS
-                and all(isinstance(e, str) for e in endings)
-                and record.get("label") in range(NUM_ENDINGS)
-            ):
-                raise EvalFileError(
-                    f"{where}: expected 'ctx' (string), 'endings' ({NUM_ENDINGS} strings) and 'label' (0-3)"
-                )
-            yield record
+    for where, record in iter_jsonl_records(path, EvalFileError, name):
+        endings = record.get("endings") if isinstance(record, dict) else None
+        if not (
+            isinstance(endings, list)
+            and isinstance(record.get("ctx"), str)
+            and len(endings) == NUM_ENDINGS
+            and all(isinstance(e, str) for e in endings)
+            and record.get("label") in range(NUM_ENDINGS)
+        ):
+            raise EvalFileError(
+                f"{where}: expected 'ctx' (string), 'endings' ({NUM_ENDINGS} strings) and 'label' (0-3)"
+            )
+        yield record
 
 
 def render_example(record: dict, index: int, enc: tiktoken.Encoding | None = None) -> Example:
