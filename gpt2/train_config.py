@@ -235,7 +235,8 @@ def validate(config: TrainConfig, world_size: int = 1) -> GPTConfig:
         problems.append(f"seq_len={config.seq_len} exceeds the model's max_seq_len {model.block_size}; "
                         f"use --seq-len {model.block_size} or less")
     if config.warmup_steps > config.max_steps:
-        problems.append(f"warmup_steps={config.warmup_steps} exceeds max_steps={config.max_steps}")
+        problems.append(f"warmup_steps={config.warmup_steps} exceeds max_steps={config.max_steps}; "
+                        "lower --warmup-steps or raise --max-steps")
     for name, value, allowed in (("lr_schedule", config.lr_schedule, LR_SCHEDULES), ("dtype", config.dtype, DTYPES),
                                  ("model_file_dtype", config.model_file_dtype, MODEL_FILE_DTYPES),
                                  ("device", config.device, ("auto", "cuda", "cpu"))):
