@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, create_table_artifact
@@ -28,6 +28,9 @@ from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.launch import CommandFailed, Rendezvous, run_streaming, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
 from tasks.retry import NETWORK_RETRIES, TransientError, retry_if_transient
+
+if TYPE_CHECKING:
+    from gpt2.train_config import TrainConfig
 
 # modules whose source determines each stage's output (their edits invalidate the stage's cache)
 DATA_CODE = ("data.fineweb", "data.files")
@@ -320,22 +323,22 @@ def train(
     unrelated one, and a retry of the same run finds its own checkpoints.
     nproc: processes per node; default one per visible GPU, else 1 (CPU).
     """
-    from gpt2.train_config import TrainConfig, validate
+    from gpt2.train_config import load_config, validate
 
     nproc = nproc or max(1, visible_gpus())
     run_id = stage_key("train", TRAIN_CODE, dict(shards=shards, hellaswag=hellaswag, init=init, seed=seed,
                                                    settings=settings, nproc=nproc))[:12]
     run_dir = Path(runs_dir).resolve() / run_id
-    values = _train_config(run_dir, shards, hellaswag, init, seed, settings)
-    config = TrainConfig(**values)
-    validate(config, world_size=nproc * rendezvous.nnodes)  # ConfigError: deterministic, not retried
-
     run_dir.mkdir(parents=True, exist_ok=True)
-    _copy_checkpoint(Path(init.path), run_dir)  # gpt2.train starts from step 0 when it has no later checkpoint
     config_path = run_dir / "pipeline_train_config.json"
     tmp = config_path.with_name(config_path.name + ".tmp")
-    tmp.write_text(json.dumps(values, indent=2) + "\n")
+    tmp.write_text(json.dumps(_train_config(run_dir, shards, hellaswag, init, seed, settings), indent=2) + "\n")
+    # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
+    # process starts: a ConfigError is deterministic and is not retried
+    config = load_config(["--config", str(tmp)])
+    validate(config, world_size=nproc * rendezvous.nnodes)
     tmp.replace(config_path)
+    _copy_checkpoint(Path(init.path), run_dir)  # gpt2.train starts from step 0 when it has no later checkpoint
 
     logger = get_run_logger()
     logger.info("training in %s with %d process(es) per node", run_dir, nproc)
@@ -353,7 +356,7 @@ def train(
     return _train_record(run_dir, config)
 
 
-def _train_record(run_dir: Path, config: Any) -> TrainRecord:
+def _train_record(run_dir: Path, config: TrainConfig) -> TrainRecord:
     from gpt2.checkpoint import latest_checkpoint
 
     metrics = read_metrics(run_dir / "metrics.jsonl")

@@ -277,6 +277,17 @@ def test_deterministic_failure_is_not_retried(smoke, tmp_path, monkeypatch):
     assert (run.state.name, run.run_count) == ("Failed", 1)
 
 
+def test_bad_training_config_fails_at_once_with_a_clear_error(smoke):
+    from flows.pipeline import train_flow
+    from gpt2.train_config import ConfigError
+
+    config = dataclasses.replace(smoke.config, run_name="smoke-typo", train={**smoke.config.train, "max_stepz": 5})
+    flow_run_id, error, _ = run_flow(train_flow, config)
+    assert isinstance(error, ConfigError) and "did you mean 'max_steps'" in str(error)
+    (run,) = task_runs(flow_run_id)["train"]
+    assert (run.state.name, run.run_count) == ("Failed", 1)
+
+
 def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke, monkeypatch):
     import flows.pipeline
     import tasks.stages
