@@ -118,13 +118,13 @@ def gpt2_pretrain(config: PipelineConfig = PipelineConfig()) -> dict[str, StageR
     return stages.records
 
 
-def _stage_flow(stage: str):
+def _stage_flow(stage: str, name: str | None = None):
     def stage_flow(config: PipelineConfig = PipelineConfig(), force: bool = False) -> dict[str, StageRecord | None]:
         return run_stage(config, stage, force)
 
     stage_flow.__doc__ = f"The {stage} stage alone (what it needs comes from cache); force=True reruns it."
     stage_flow.__name__ = f"{stage}_flow"
-    return flow(name=f"gpt2-{stage}", log_prints=True)(stage_flow)
+    return flow(name=name or f"gpt2-{stage}", log_prints=True)(stage_flow)
 
 
 download_flow = _stage_flow("download")
@@ -132,7 +132,7 @@ tokenize_flow = _stage_flow("tokenize")
 hellaswag_flow = _stage_flow("hellaswag")
 init_flow = _stage_flow("init")
 train_flow = _stage_flow("train")
-evaluate_final_flow = _stage_flow("evaluate")
+evaluate_final_flow = _stage_flow("evaluate", name="gpt2-evaluate-final")  # gpt2-evaluate: the scheduled scan
 sample_flow = _stage_flow("sample")
 
 
