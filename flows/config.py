@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from data.hellaswag import HELLASWAG_VAL_URL
+from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
-from tasks.stages import EvalSettings
 
 
 @dataclass(frozen=True)

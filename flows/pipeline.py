@@ -20,20 +20,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.config import PipelineConfig
 from tasks.cache import StageRecord
 from tasks.report import run_summary_markdown
-from tasks.stages import (
-    CheckpointRecord,
-    EvalFileRecord,
-    EvalSettings,
-    ShardsRecord,
-    download_documents,
-    evaluate_checkpoint,
-    init_model,
-    prepare_hellaswag,
-    read_evaluation,
-    sample,
-    tokenize,
-    train,
-)
+from tasks.download import download_documents
+from tasks.evaluate import EvalSettings, evaluate_checkpoint, read_evaluation
+from tasks.hellaswag import EvalFileRecord, prepare_hellaswag
+from tasks.init import CheckpointRecord, init_model
+from tasks.sample import sample
+from tasks.tokenize import ShardsRecord, tokenize
+from tasks.train import train
 
 STAGES = ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")
 

@@ -290,10 +290,10 @@ def test_bad_training_config_fails_at_once_with_a_clear_error(smoke):
 
 def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke, monkeypatch):
     import flows.pipeline
-    import tasks.stages
+    import tasks.train
     from tasks.launch import CommandFailed
 
-    real_run, starts = tasks.stages.run_streaming, []
+    real_run, starts = tasks.train.run_streaming, []
 
     def crash_after_first_checkpoint(cmd, on_line, **kwargs):
         """The first launch dies right after checkpoint 10 is written, as a node failure would kill it."""
@@ -308,7 +308,7 @@ def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke
 
         real_run(cmd, watch, **kwargs)
 
-    monkeypatch.setattr(tasks.stages, "run_streaming", crash_after_first_checkpoint)
+    monkeypatch.setattr(tasks.train, "run_streaming", crash_after_first_checkpoint)
     monkeypatch.setattr(flows.pipeline, "train", flows.pipeline.train.with_options(retry_delay_seconds=0))
 
     config = dataclasses.replace(smoke.config, run_name="smoke-retry")

@@ -1,0 +1,46 @@
+"""The sample stage: text continuations of a prompt from a checkpoint (`python -m gpt2.sample`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from tasks.cache import FileRef, StageCache, StageRecord
+from tasks.common import artifact_key, log_lines, python_module
+from tasks.init import MODEL_CODE, CheckpointRecord
+from tasks.launch import run_streaming
+
+# modules whose source determines the stage's output (their edits invalidate its cache)
+SAMPLE_CODE = MODEL_CODE + ("gpt2.sample", "data.tokenizer")
+
+
+@dataclass(frozen=True)
+class SampleRecord(StageRecord):
+    samples: tuple[str, ...]
+
+
+@task(name="sample", cache_policy=StageCache(stage="sample", code=SAMPLE_CODE), persist_result=True)
+def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_tokens: int, seed: int,
+           device: str = "auto") -> SampleRecord:
+    """Text continuations of `prompt` from a checkpoint (`python -m gpt2.sample`), as a markdown artifact."""
+    lines: list[str] = []
+    log = log_lines()
+
+    def on_line(line: str) -> None:
+        log(line)
+        lines.append(line)
+
+    args = ["--checkpoint", checkpoint.path, "--prompt", prompt, "--num-samples", str(num_samples),
+            "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--device", device]
+    run_streaming(python_module("gpt2.sample", args), on_line)
+    samples = tuple(s.strip("\n") for s in re.split(r"^--- sample \d+$", "\n".join(lines), flags=re.M)[1:])
+    path = checkpoint.run_dir / f"samples_step_{checkpoint.step:08d}.md"
+    text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
+    create_markdown_artifact(f"# Samples at step {checkpoint.step}\n\n{text}\n", key=artifact_key("samples"))
+    return SampleRecord(files=(FileRef.of(path),), samples=samples)
