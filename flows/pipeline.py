@@ -19,11 +19,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.config import PipelineConfig
 from tasks.cache import StageRecord
-from tasks.report import run_summary_markdown
 from tasks.download import download_documents
 from tasks.evaluate import EvalSettings, evaluate_checkpoint, read_evaluation
 from tasks.hellaswag import EvalFileRecord, prepare_hellaswag
 from tasks.init import CheckpointRecord, init_model
+from tasks.report import run_summary_markdown
 from tasks.sample import sample
 from tasks.tokenize import ShardsRecord, tokenize
 from tasks.train import train
