@@ -173,6 +173,10 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 # loading a model from whatever the user points at
 
 
+# what `load_model` accepts, as the `--checkpoint` flag of the evaluate and sample CLIs describes it
+MODEL_SOURCE_HELP = "checkpoint dir, run dir (latest complete checkpoint), llm.c model file or HF dir"
+
+
 def resolve_checkpoint(source: str | os.PathLike) -> Path:
     """A run directory or its checkpoints/ folder -> its latest complete checkpoint; anything else as is."""
     path = Path(source)

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from data.loader import DistributedDataLoader
+from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
 from gpt2.train_config import TrainConfig
 
@@ -98,7 +99,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint dir, run dir (latest complete checkpoint), llm.c model file or HF dir")
+                        help=MODEL_SOURCE_HELP)
     parser.add_argument("--val-data", help="glob of val token shards (*_val_*.bin); unset: no val loss")
     parser.add_argument("--hellaswag", help="HellaSwag eval file (data.hellaswag); unset: no HellaSwag")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="val batch size B per rank")
@@ -118,7 +119,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("nothing to evaluate: pass --val-data and/or --hellaswag")
     if min(args.batch_size, args.seq_len, args.val_steps) <= 0:
         parser.error("--batch-size, --seq-len and --val-steps must be positive")
-    from gpt2.checkpoint import load_model
 
     ctx = setup(args.device)
     try:

@@ -14,6 +14,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.distributed import autocast_context, resolve_device
 from gpt2.model import GPT
 
@@ -68,7 +69,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--checkpoint", required=True,
-                        help="checkpoint dir, run dir (latest complete checkpoint), llm.c model file or HF dir")
+                        help=MODEL_SOURCE_HELP)
     parser.add_argument("--prompt", default="Hello, I'm a language model,", help="text to continue")
     parser.add_argument("--num-samples", type=int, default=4, help="independent samples")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per sample")
@@ -84,7 +85,6 @@ def main(argv: list[str] | None = None) -> list[str]:
     args = parser.parse_args(argv)
     if args.num_samples <= 0 or args.max_new_tokens < 0 or args.top_k < 0 or args.temperature <= 0:
         parser.error("--num-samples and --temperature must be positive, --max-new-tokens and --top-k >= 0")
-    from gpt2.checkpoint import load_model
 
     model, _ = load_model(args.checkpoint, device=resolve_device(args.device))
     samples = sample_text(model, args.prompt, args.max_new_tokens, args.num_samples, args.top_k, args.temperature,
