@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from data.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
@@ -83,14 +84,6 @@ def evaluate_model(
     return result
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def build_arg_parser() -> argparse.ArgumentParser:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(
@@ -131,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if ctx.is_master:
             print(json.dumps(result), flush=True)
             if args.out:
-                write_json_atomic(args.out, result)
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+                write_json(args.out, result)
         return result
     finally:
         teardown()

@@ -25,12 +25,12 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from data.files import atomic_path, write_json
 from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate
 from gpt2.config import GPTConfig
 from gpt2.distributed import DistContext, all_reduce_mean, autocast_context, gather_objects, setup, teardown
-from gpt2.evaluate import write_json_atomic
 from gpt2.guard import OutlierGuard
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
@@ -95,9 +95,8 @@ class MetricsLogger:
                     kept.append(line)
             except json.JSONDecodeError:
                 continue
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
+        with atomic_path(self.path) as tmp:
+            tmp.write_text("".join(line + "\n" for line in kept))
 
     def print(self, line: str) -> None:
         if not self.enabled:
@@ -274,7 +273,7 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
                     "compile": use_compile, "kernels": use_kernels, "sdpa_backend": sdpa_backend,
                     "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
-        write_json_atomic(out_dir / "config.json", {**config.to_dict(), "resolved": resolved})
+        write_json(out_dir / "config.json", {**config.to_dict(), "resolved": resolved})
     logger = MetricsLogger(out_dir, ctx.is_master, run.start_step, config.max_steps)
     logger.print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {config.batch_size} x "
                  f"T {config.seq_len} x grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | "
@@ -320,7 +319,7 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
 
     logger.close()
     if ctx.is_master:
-        write_json_atomic(out_dir / "summary.json", summary)
+        write_json(out_dir / "summary.json", summary)
     return summary
 
 
