@@ -156,21 +156,21 @@ def _starting_state(config: TrainConfig, model_config: GPTConfig) -> dict[str, A
     if path is None:
         return None
     state = ckpt.load_checkpoint(path)
-    if ckpt.model_config_of(state) != model_config:
+    if (held := ckpt.model_config_of(state)) != model_config:
         raise ValueError(
-            f"{path}: checkpoint holds model {ckpt.model_config_of(state)}, but the config asks for "
+            f"{path}: checkpoint holds model {held}, but the config asks for "
             f"{model_config} (--model {config.model}); use another --out-dir or the matching --model"
         )
     return state
 
 
 def forward_backward(
-    model: nn.Module, raw_model: GPT, loader: Any, grad_accum: int, config: TrainConfig, ctx: DistContext
+    model: nn.Module, loader: Any, grad_accum: int, config: TrainConfig, ctx: DistContext
 ) -> tuple[float, float]:
     """Forward/backward over `grad_accum` micro-batches; returns (loss averaged over ranks, grad norm).
 
-    `model` is what runs the forward pass (possibly compiled and DDP-wrapped), `raw_model` the plain
-    module whose gradients are clipped. Gradients are left in place: the caller decides whether to apply them.
+    `model` may be compiled and DDP-wrapped: its parameters are the plain module's, so clipping them clips
+    the plain module's gradients. Gradients are left in place: the caller decides whether to apply them.
     """
     model.train()
     loss_accum = torch.zeros((), device=ctx.device)
@@ -188,7 +188,7 @@ def forward_backward(
             loss.backward()  # .grad is float32 (the parameters are): micro-steps add in float32
     all_reduce_mean(loss_accum, ctx)
     max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), max_norm)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     return loss_accum.item(), norm.item()
 
 
@@ -289,7 +289,7 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
         t0 = time.perf_counter()
         lr = lr_at(step, config.lr, config.max_steps, config.warmup_steps, config.lr_schedule,
                    config.final_lr_frac, config.decay_frac)
-        loss, norm = forward_backward(run.model, run.raw_model, run.train_loader, grad_accum, config, ctx)
+        loss, norm = forward_backward(run.model, run.train_loader, grad_accum, config, ctx)
         decision = run.guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
             logger.print(f"step {step + 1}: update skipped: {decision.reason}")

@@ -60,7 +60,7 @@ def test_bf16_autocast_gradients_accumulate_in_float32(tmp_path):
         per_micro.append({n: p.grad.clone() for n, p in model.named_parameters()})
     model.zero_grad(set_to_none=True)
 
-    forward_backward(model, model, _FixedBatches(micro_batches), grad_accum=2, config=config, ctx=ctx)
+    forward_backward(model, _FixedBatches(micro_batches), grad_accum=2, config=config, ctx=ctx)
     rounded_differently = 0
     for name, p in model.named_parameters():
         g1, g2 = per_micro[0][name], per_micro[1][name]
