@@ -24,7 +24,7 @@ from data.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
-from gpt2.train_config import TrainConfig
+from gpt2.train_config import DEVICES, DTYPES, TrainConfig
 
 
 @torch.no_grad()
@@ -99,8 +99,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="val sequence length T")
     parser.add_argument("--val-steps", type=int, default=defaults.val_steps, help="val batches per rank")
     parser.add_argument("--out", help="also write the result as JSON here (atomically)")
-    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
-    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float32"),
+    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="autocast dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     return parser
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.distributed import autocast_context, resolve_device
 from gpt2.model import GPT
+from gpt2.train_config import DEVICES, TrainConfig
 
 
 @torch.no_grad()
@@ -63,6 +64,7 @@ def sample_text(
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
+    defaults = TrainConfig()  # the training loop's samples: same prompt, length and seed
     parser = argparse.ArgumentParser(
         prog="python -m gpt2.sample",
         description="Sample text from a checkpoint, llm.c model file or Hugging Face directory (top-k).",
@@ -70,13 +72,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--checkpoint", required=True,
                         help=MODEL_SOURCE_HELP)
-    parser.add_argument("--prompt", default="Hello, I'm a language model,", help="text to continue")
+    parser.add_argument("--prompt", default=defaults.sample_prompt, help="text to continue")
     parser.add_argument("--num-samples", type=int, default=4, help="independent samples")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per sample")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.sample_tokens, help="tokens generated per sample")
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
-    parser.add_argument("--seed", type=int, default=42, help="seed of the sampling generator")
-    parser.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the sampling generator")
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     return parser
 
 

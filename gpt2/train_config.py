@@ -21,6 +21,7 @@ from gpt2.config import VOCAB_SIZE, GPTConfig, padded_vocab
 LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
 DTYPES = ("auto", "bfloat16", "float32")
 MODEL_FILE_DTYPES = ("float32", "bfloat16")
+DEVICES = ("auto", "cuda", "cpu")
 
 
 class ConfigError(ValueError):
@@ -132,9 +133,8 @@ def _field_types() -> dict[str, tuple[type, bool]]:
     return types
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
+def _coerce(name: str, value: Any, expected: type, optional: bool, source: str) -> Any:
     """Check a value read from a config file against the field's type (ints are fine for floats)."""
-    expected, optional = _field_types()[name]
     if value is None and optional:
         return None
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -164,14 +164,14 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     values = {} if values is None else values  # an empty YAML file
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of config fields, got {type(values).__name__}")
-    names = list(_field_types())
+    types = _field_types()
     out = {}
     for key, value in values.items():
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
+        if key not in types:
+            close = difflib.get_close_matches(key, list(types), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"{path}: unknown config field {key!r}{hint}")
-        out[key] = _coerce(key, value, path)
+        out[key] = _coerce(key, value, *types[key], path)
     return out
 
 
@@ -239,7 +239,7 @@ def validate(config: TrainConfig, world_size: int = 1) -> GPTConfig:
                         "lower --warmup-steps or raise --max-steps")
     for name, value, allowed in (("lr_schedule", config.lr_schedule, LR_SCHEDULES), ("dtype", config.dtype, DTYPES),
                                  ("model_file_dtype", config.model_file_dtype, MODEL_FILE_DTYPES),
-                                 ("device", config.device, ("auto", "cuda", "cpu"))):
+                                 ("device", config.device, DEVICES)):
         if value not in allowed:
             problems.append(f"{name}={value!r} is not one of {', '.join(allowed)}")
     for name in ("final_lr_frac", "decay_frac"):
