@@ -28,6 +28,7 @@ import torch
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
+from gpt2.train_config import parse_model_spec
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.pt"
@@ -145,8 +146,6 @@ def write_initial_checkpoint(
     `model` is a descriptor (`d12`), an explicit shape spec (see gpt2.train_config) or a GPTConfig.
     Training in the same `out_dir` starts from these weights.
     """
-    from gpt2.train_config import parse_model_spec
-
     config = parse_model_spec(model) if isinstance(model, str) else model
     gpt = GPT.create(config, seed=seed)
     state = {"step": 0, "model": gpt.state_dict(), "model_config": asdict(config), "init_seed": seed}
