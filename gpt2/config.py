@@ -14,8 +14,6 @@ def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-PADDED_VOCAB_SIZE = padded_vocab(VOCAB_SIZE)
-
 # llm.c's GPT-2 descriptors: depth -> (channels, heads); max_seq_len 1024
 _GPT2_SHAPES = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
 # llm.c's GPT-3 descriptors: channels -> depth; head size 64 except c1536 (96) and c2048 (128)
@@ -30,9 +28,11 @@ class GPTConfig:
     n_embd: int = 768
     block_size: int = 1024  # max_seq_len
     vocab_size: int = VOCAB_SIZE
-    padded_vocab_size: int = PADDED_VOCAB_SIZE
+    padded_vocab_size: int | None = None  # None: vocab_size rounded up to a multiple of 128
 
     def __post_init__(self) -> None:
+        if self.padded_vocab_size is None and self.vocab_size > 0:
+            object.__setattr__(self, "padded_vocab_size", padded_vocab(self.vocab_size))  # frozen dataclass
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2.config import GPTConfig, padded_vocab
+from gpt2.config import GPTConfig
 from gpt2.model import GPT
 
 # the weights Hugging Face keeps as Conv1D (in, out)
@@ -102,7 +102,6 @@ def _config_from_hf(directory: Path) -> GPTConfig:
         n_embd=hf["n_embd"],
         block_size=hf["n_positions"],
         vocab_size=hf["vocab_size"],
-        padded_vocab_size=padded_vocab(hf["vocab_size"]),
     )
 
 

@@ -9,11 +9,14 @@ LayerNorm weights are 1, biases and the padding rows of wte are 0, the tied lm_h
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import torch.nn as nn
 
-from gpt2.model import GPT
+if TYPE_CHECKING:  # gpt2.model imports this module
+    from gpt2.model import GPT
 
 INIT_STD = 0.02
 

@@ -11,6 +11,7 @@ each layer's parameter, flattened, one after another. bf16 is written round-to-n
 from __future__ import annotations
 
 import os
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -26,26 +27,22 @@ VERSION_DTYPES = {3: torch.float32, 5: torch.bfloat16}
 DTYPE_VERSIONS = {"float32": 3, "bfloat16": 5}
 
 
+# each layer's parameters in file order: ln1w ln1b qkvw qkvb attprojw attprojb ln2w ln2b fcw fcb fcprojw fcprojb
+_PER_LAYER = tuple(
+    attrgetter(name)
+    for name in (
+        "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
+        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
+        "mlp.c_proj.weight", "mlp.c_proj.bias",
+    )
+)  # fmt: skip
+
+
 def _file_order(model: GPT) -> list[torch.Tensor]:
     """The model's parameters in the order their bytes appear in the file."""
-    h = model.transformer.h
-    per_layer = [
-        lambda b: b.ln_1.weight,  # ln1w
-        lambda b: b.ln_1.bias,  # ln1b
-        lambda b: b.attn.c_attn.weight,  # qkvw
-        lambda b: b.attn.c_attn.bias,  # qkvb
-        lambda b: b.attn.c_proj.weight,  # attprojw
-        lambda b: b.attn.c_proj.bias,  # attprojb
-        lambda b: b.ln_2.weight,  # ln2w
-        lambda b: b.ln_2.bias,  # ln2b
-        lambda b: b.mlp.c_fc.weight,  # fcw
-        lambda b: b.mlp.c_fc.bias,  # fcb
-        lambda b: b.mlp.c_proj.weight,  # fcprojw
-        lambda b: b.mlp.c_proj.bias,  # fcprojb
-    ]
     return (
         [model.transformer.wte.weight, model.transformer.wpe.weight]
-        + [get(block) for get in per_layer for block in h]
+        + [get(block) for get in _PER_LAYER for block in model.transformer.h]
         + [model.transformer.ln_f.weight, model.transformer.ln_f.bias]
     )
 

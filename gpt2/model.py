@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
+from gpt2.init import init_weights
 from kernels import add_layernorm, linear_cross_entropy
 from kernels.compile import register_inductor_fallbacks
 
@@ -99,8 +100,6 @@ class GPT(nn.Module):
         cls, config: GPTConfig, seed: int = 42, device: torch.device | str = "cpu", use_kernels: bool = False
     ) -> "GPT":
         """A model initialised in llm.c's PyTorch RNG order (gpt2/init.py), then moved to `device`."""
-        from gpt2.init import init_weights
-
         model = cls.empty(config, device="cpu", use_kernels=use_kernels)  # init draws on a CPU generator
         init_weights(model, seed=seed)
         return model.to(device)

@@ -1,8 +1,10 @@
 """Init in PyTorch RNG order, checked against draws made here from a fresh generator."""
 
 import math
+import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -75,8 +77,6 @@ def test_init_is_identical_across_processes_and_ignores_global_rng():
         "m = GPT.create(GPTConfig(3, 2, 16, 24, 100, 128), seed=42);"
         "torch.save(m.state_dict(), sys.argv[1])"
     )
-    import tempfile, os
-
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "state.pt")
         subprocess.run([sys.executable, "-c", code, out], check=True)
