@@ -109,9 +109,9 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
 
 def describe_source(source: str | os.PathLike, config: str | None = None, limit: int | None = None) -> dict:
     """JSON-able identity of a document stream, recorded in manifests and compared on resume."""
-    if Path(source).exists():
-        return {"source": str(Path(source).resolve()), "config": config, "limit": limit}
-    return {"source": str(source), "config": config, "limit": limit}
+    # a local path is recorded absolute, so the same folder named from another working directory matches
+    source = str(Path(source).resolve()) if Path(source).exists() else str(source)
+    return {"source": source, "config": config, "limit": limit}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -160,7 +160,8 @@ def download(
     for path in (manifest_path, progress_path):
         if not path.exists():
             continue
-        recorded = {k: read_json(path).get(k) for k in identity}
+        recorded_file = read_json(path)
+        recorded = {k: recorded_file.get(k) for k in identity}
         if recorded != identity:
             raise FileExistsError(f"{path} is for another download ({recorded}); use another folder or delete it")
         if path == manifest_path:
@@ -176,10 +177,11 @@ def download(
     documents = itertools.islice(iter_documents(source, config, limit), skip, None)
 
     parts = [{"file": _part_path(out_dir, i).name, "num_documents": docs_per_file} for i in range(done)]
-    with tqdm(total=remaining, initial=0, unit="doc", desc=f"download {source}") as bar:
+    with tqdm(total=remaining, unit="doc", desc=f"download {source}") as bar:
         for idx, texts in enumerate(batched(documents, docs_per_file), start=done):
-            _write_part(_part_path(out_dir, idx), texts)
-            parts.append({"file": _part_path(out_dir, idx).name, "num_documents": len(texts)})
+            part = _part_path(out_dir, idx)
+            _write_part(part, texts)
+            parts.append({"file": part.name, "num_documents": len(texts)})
             bar.update(len(texts))
     write_json(manifest_path, {**identity, "num_documents": sum(p["num_documents"] for p in parts), "files": parts})
     progress_path.unlink()
