@@ -165,8 +165,8 @@ def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTi
 def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[KernelTiming]:
     """The backward kernel alone (with its dW/dB partial sums, without their final reduction) per
     launch shape in kernels.layernorm._BWD_CONFIGS."""
-    from kernels._triton import next_power_of_2, num_sms
-    from kernels.layernorm import _BWD_CONFIGS, _BWD_PROGRAMS_PER_SM, _add_layernorm_bwd_kernel
+    from kernels._triton import next_power_of_2
+    from kernels.layernorm import _BWD_CONFIGS, _add_layernorm_bwd_kernel, _bwd_grid
 
     g = torch.Generator(device="cuda").manual_seed(3)
     z = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -175,9 +175,7 @@ def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[Ker
     w = torch.ones(C, device="cuda")
     mean, rstd = torch.zeros(N, device="cuda"), torch.ones(N, device="cuda")
     dx, dy = torch.empty_like(dres), torch.empty_like(dout)
-    n_programs = min(N, _BWD_PROGRAMS_PER_SM * num_sms(z.device))
-    rows_per_program = -(-N // n_programs)
-    n_programs = -(-N // rows_per_program)
+    n_programs, rows_per_program = _bwd_grid(N, z.device)
     partial = torch.empty(2, n_programs, C, device="cuda")
     floor = _floor_ms(0, 14 * N * C, ceil)  # read z 2 + dout 2 + dres 4, write dx 4 + dy 2
     rows = []

@@ -115,6 +115,14 @@ _add_layernorm_bwd_tuned = autotune(_add_layernorm_bwd_kernel, _BWD_CONFIGS, key
 _BWD_PROGRAMS_PER_SM = 8  # persistent grid: few enough programs that their dw/db partial sums stay small
 
 
+def _bwd_grid(n_rows: int, device: torch.device) -> tuple[int, int]:
+    """(programs, rows per program) of the backward's persistent grid: every program but the last
+    gets the same number of rows, and no program is left without any."""
+    n_programs = min(n_rows, _BWD_PROGRAMS_PER_SM * num_sms(device))
+    rows_per_program = -(-n_rows // n_programs)
+    return -(-n_rows // rows_per_program), rows_per_program
+
+
 @torch.library.custom_op("gpt2_kernels::add_layernorm_fwd", mutates_args=())
 def _add_layernorm_fwd(
     x: torch.Tensor,  # (N, C)
@@ -184,9 +192,7 @@ def _add_layernorm_bwd(
         dy = dz.to(y_dtype, copy=True) if y_dtype is not None else z.new_empty(0)
         dwb = torch.stack([(g * xhat).sum(0), g.sum(0)])  # (2, C)
         return dz.to(x_dtype, copy=True), dy, dwb.to(weight.dtype)
-    n_programs = min(N, _BWD_PROGRAMS_PER_SM * num_sms(z.device))
-    rows_per_program = -(-N // n_programs)
-    n_programs = -(-N // rows_per_program)
+    n_programs, rows_per_program = _bwd_grid(N, z.device)
     dx = torch.empty(N, C, dtype=x_dtype, device=z.device)
     dy = torch.empty(N, C, dtype=y_dtype, device=z.device) if y_dtype is not None else dx.new_empty(0)
     partial = torch.empty(2, n_programs, C, dtype=torch.float32, device=z.device)  # dweight, dbias
