@@ -65,9 +65,11 @@ def test_evaluate_cli_agrees_with_the_training_loop_for_every_source(tmp_path, c
     assert from_llmc["hellaswag"] == result["hellaswag"]
 
 
-def test_evaluate_cli_needs_something_to_evaluate(tmp_path):
-    with pytest.raises(SystemExit):
+def test_evaluate_cli_needs_something_to_evaluate(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
         evaluate.main(["--checkpoint", str(tmp_path)])
+    assert e.value.code == 2  # argparse's usage error, before any model is loaded
+    assert "nothing to evaluate: pass --val-data and/or --hellaswag" in capsys.readouterr().err
 
 
 def test_top_1_sampling_is_greedy_decoding():
