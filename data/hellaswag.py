@@ -137,6 +137,10 @@ def write_eval_file(path: str | os.PathLike, examples: Sequence[Example]) -> Non
         tmp.write_bytes(header.tobytes() + body.tobytes())
 
 
+def _corrupt(path: str | os.PathLike, i: int, what: str) -> EvalFileError:
+    return EvalFileError(f"{path}: example {i} {what} (file corrupt or truncated); rewrite it")
+
+
 def read_eval_file(path: str | os.PathLike) -> list[Example]:
     """Parse and validate an llm.c eval file."""
     raw = Path(path).read_bytes()
@@ -148,26 +152,23 @@ def read_eval_file(path: str | os.PathLike) -> list[Example]:
     stream = np.frombuffer(raw[HEADER_BYTES:], dtype="<u2").tolist()
     examples, pos = [], 0
     for i in range(int(header[2])):
-
-        def corrupt(what: str) -> EvalFileError:
-            return EvalFileError(f"{path}: example {i} {what} (file corrupt or truncated); rewrite it")
-
-        if pos + EXAMPLE_FIELDS + 1 > len(stream) or stream[pos] != START_EXAMPLE:
-            raise corrupt(f"does not start with {START_EXAMPLE}")
+        ctx_start = pos + EXAMPLE_FIELDS + 1  # after the fixed fields and ctx_len
+        if ctx_start > len(stream) or stream[pos] != START_EXAMPLE:
+            raise _corrupt(path, i, f"does not start with {START_EXAMPLE}")
         end = pos + stream[pos + 1] // 2
-        index, label, num_endings, ctx_len = stream[pos + 2 : pos + 6]
+        index, label, num_endings, ctx_len = stream[pos + 2 : ctx_start]
         if end > len(stream) or num_endings != NUM_ENDINGS:
-            raise corrupt(f"claims {stream[pos + 1]} bytes and {num_endings} endings")
-        cursor = pos + 6 + ctx_len
-        ctx, endings = stream[pos + 6 : cursor], []
+            raise _corrupt(path, i, f"claims {stream[pos + 1]} bytes and {num_endings} endings")
+        cursor = ctx_start + ctx_len
+        ctx, endings = stream[ctx_start:cursor], []
         for _ in range(num_endings):
             if cursor >= end:
-                raise corrupt("ends before its last ending")
+                raise _corrupt(path, i, "ends before its last ending")
             n = stream[cursor]
             endings.append(stream[cursor + 1 : cursor + 1 + n])
             cursor += 1 + n
         if cursor != end:
-            raise corrupt(f"has {2 * (cursor - pos)} bytes of fields but claims {stream[pos + 1]}")
+            raise _corrupt(path, i, f"has {2 * (cursor - pos)} bytes of fields but claims {stream[pos + 1]}")
         examples.append(Example(index=index, label=label, ctx_tokens=ctx, ending_tokens=endings))
         pos = end
     if pos != len(stream):
