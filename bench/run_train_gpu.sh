@@ -67,26 +67,28 @@ import statistics
 import sys
 from pathlib import Path
 
+from data.files import write_json
+
 out, skip = Path(sys.argv[1]), int(sys.argv[2])
 runs, settings, resolved = {}, {}, {}
 for run_dir in sorted(out.glob("run_*gpu")):
     settings = json.loads((run_dir / "config.json").read_text())
-    config = resolved = settings["resolved"]
+    resolved = settings["resolved"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"][skip:]
     if not steps:
         sys.exit(f"{run_dir}: no train steps after the first {skip}; raise STEPS")
-    runs[config["world_size"]] = {
-        "gpus": config["world_size"],
-        "grad_accum_steps": config["grad_accum_steps"],
+    runs[resolved["world_size"]] = {
+        "gpus": resolved["world_size"],
+        "grad_accum_steps": resolved["grad_accum_steps"],
         "tokens_per_s": statistics.median(r["tok_s"] for r in steps),
         "mfu": statistics.median(r["mfu"] for r in steps) if steps[0]["mfu"] is not None else None,
         "peak_mem_gb": max(r.get("peak_mem_gb", 0.0) for r in steps),
         "ms_per_step": statistics.median(r["ms"] for r in steps),
         "timed_steps": len(steps),
-        "kernels": config["kernels"],
-        "compile": config["compile"],
-        "sdpa_backend": config.get("sdpa_backend"),
+        "kernels": resolved["kernels"],
+        "compile": resolved["compile"],
+        "sdpa_backend": resolved["sdpa_backend"],
     }
 summary = {
     "gpu": resolved.get("gpu"),
@@ -104,6 +106,6 @@ if len(runs) > 1:
     n = max(runs)
     summary["scaling"] = runs[n]["tokens_per_s"] / runs[1]["tokens_per_s"]
     print(f"scaling {n} GPUs / 1 GPU: {summary['scaling']:.2f}x (target >= {0.95 * n:.2f}x)")
-(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+write_json(out / "summary.json", summary)
 print(f"written {out / 'summary.json'}")
 EOF
