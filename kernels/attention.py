@@ -41,7 +41,8 @@ def backend_error(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     with sdpa_kernel([SDPBackend.MATH]):
         ref = F.scaled_dot_product_attention(q32, k32, v32, is_causal=True)
     ref_grads = torch.autograd.grad(ref, (q32, k32, v32), dout.float())
-    return max(float((a.float() - b).norm() / b.norm()) for a, b in zip((out, *grads), (ref, *ref_grads)))
+    pairs = zip((out.detach(), *grads), (ref.detach(), *ref_grads))  # detached: no autograd warning in float()
+    return max(float((a.float() - b).norm() / b.norm()) for a, b in pairs)
 
 
 def configure_sdpa(
