@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2.config import GPTConfig
+from gpt2.distributed import autocast_context
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
 from kernels.attention import configure_sdpa
@@ -86,10 +87,11 @@ def train_path(descriptor: str, path: Path, batches: torch.Tensor) -> tuple[list
     model = GPT.create(config, seed=42, device="cuda", use_kernels=path.use_kernels)
     optimizer = configure_optimizer(model, 6e-4, 0.1, fused=True)
     steps = batches.size(0)
+    device = torch.device("cuda")
     losses, first_grads = [], {}
     with contextlib.nullcontext() if path.bf16 else exact_fp32():
-        for step, tokens in enumerate(batches.cuda()):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=path.bf16):
+        for step, tokens in enumerate(batches.to(device)):
+            with autocast_context(device, "bfloat16" if path.bf16 else "float32"):
                 _, loss = model(tokens[:, :-1], tokens[:, 1:], return_logits=False)
             loss.backward()
             if step == 0:
