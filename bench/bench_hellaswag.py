@@ -57,15 +57,13 @@ def main() -> None:
         path = Path(tmp) / "hellaswag_synthetic.bin"
         write_eval_file(path, synthetic_examples(args.examples, tuple(args.ctx_len), tuple(args.ending_len)))
         for examples_per_batch in args.examples_per_batch:
-            with torch.no_grad():
-                evaluate(logits_fn, path, limit=examples_per_batch, examples_per_batch=examples_per_batch,
-                         progress=False)  # warm-up
+            evaluate(logits_fn, path, limit=examples_per_batch, examples_per_batch=examples_per_batch,
+                     progress=False)  # warm-up; evaluate runs logits_fn under torch.no_grad itself
             if device.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
-            with torch.no_grad():
-                result = evaluate(logits_fn, path, examples_per_batch=examples_per_batch, progress=False)
+            result = evaluate(logits_fn, path, examples_per_batch=examples_per_batch, progress=False)
             seconds = time.perf_counter() - start  # evaluate returns host ints: the GPU is done
             peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
             print(json.dumps({"examples_per_batch": examples_per_batch, "seconds": round(seconds, 2),

@@ -5,7 +5,7 @@ The baseline is what llm.c's dev/data/fineweb.py does: one process pool, `pool.i
 process appends to a numpy buffer and writes shards. Both read the same local parquet corpus, use the same
 number of worker processes, and must write byte-identical shards. "Per core" is tokens per CPU-second,
 counting the main process and its workers, which stays meaningful on a machine shared with other jobs.
-Starting the workers costs a fixed ~1 CPU-s each (imports, building the encoding); it is measured on its
+Starting the workers costs a fixed ~0.5 CPU-s each (imports, building the encoding); it is measured on its
 own and also reported subtracted, which is what long runs approach.
 
 The corpus is generated (no network): Zipf-distributed words (GPT-2's whole-word tokens, then a long
