@@ -37,9 +37,10 @@ from gpt2.optim import configure_optimizer, lr_at
 from gpt2.sample import sample_text
 from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
 
-# bf16 dense tensor-core peak per GPU, by name fragment (MFU denominator)
-_PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "B200": 2250e12, "A100": 312e12,
-                    "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
+# bf16 dense tensor-core peak per GPU, by name fragment, first match wins (MFU denominator);
+# "H200" also matches GH200, and "L40S" comes before "L4"
+_PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
+                    "A10G": 70e12, "L4": 121e12}
 
 
 def flops_per_token(model_config: GPTConfig, num_params: int, seq_len: int) -> float:
@@ -122,7 +123,7 @@ class MetricsLogger:
 
     def text(self, tag: str, text: str, step: int) -> None:
         self.print(text)
-        if self.enabled and self.writer is not None:
+        if self.writer is not None:  # None on ranks other than 0
             self.writer.add_text(tag, text, step)
 
     def advance(self) -> None:
