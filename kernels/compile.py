@@ -18,9 +18,8 @@ import warnings
 
 import torch
 
-import kernels.cross_entropy  # noqa: F401  (registers the ops listed below)
-import kernels.layernorm  # noqa: F401
-
+# registered when kernels/__init__.py imported kernels.cross_entropy and kernels.layernorm, which
+# Python does before it runs this submodule
 _OPS = (
     torch.ops.gpt2_kernels.linear_cross_entropy.default,
     torch.ops.gpt2_kernels.add_layernorm_fwd.default,
