@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-import tiktoken
 
 from data import shards
 from data.fineweb import DocumentError
 from data.shards import ShardError, build_shards, read_shard, shard_num_tokens, write_shard
+from data.tokenizer import get_gpt2_encoding
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def llmc_shard_bytes(tokens: list[int]) -> bytes:
 
 def expected_shards(documents: list[str], shard_size: int) -> list[list[int]]:
     """The llm.c token stream (EOT before each document) cut into shard_size pieces, the last shorter."""
-    enc = tiktoken.get_encoding("gpt2")
+    enc = get_gpt2_encoding()  # tiktoken's "gpt2", its cache seeded offline
     stream = [t for doc in documents for t in [50256, *enc.encode_ordinary(doc)]]
     return [stream[i : i + shard_size] for i in range(0, len(stream), shard_size)]
 
@@ -66,7 +66,7 @@ def test_bytes_equal_llmc_image(tmp_path):
 
 
 def test_document_exactly_filling_a_shard_starts_the_next_shard_fresh(tmp_path):
-    enc = tiktoken.get_encoding("gpt2")
+    enc = get_gpt2_encoding()  # tiktoken's "gpt2", its cache seeded offline
     documents = ["Hello world", "Hello world", "Hello"]  # 3 + 3 + 2 tokens with the EOTs
     assert len(enc.encode_ordinary("Hello world")) + 1 == 3
     manifest = build_shards(documents, tmp_path, "t", shard_size=3, num_workers=1)

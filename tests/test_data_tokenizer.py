@@ -1,4 +1,4 @@
-"""Offline GPT-2 tokenizer: cache seeding, hash checks, and the memoizing DocumentEncoder."""
+"""Offline GPT-2 tokenizer: cache seeding, hash checks, and encode_documents."""
 
 import hashlib
 import inspect
@@ -62,7 +62,7 @@ def test_missing_source_file_is_a_clear_error(tmp_path):
 
 
 def test_encode_documents_is_eot_then_encode_ordinary():
-    enc = tiktoken.get_encoding("gpt2")
+    enc = get_gpt2_encoding()  # tiktoken's "gpt2", its cache seeded offline
     texts = ["Hello world", "", "naïve 東京 😀\n\n  spaced  ", "text with <|endoftext|> inside is plain text"]
     tokens, lengths = encode_documents(texts)
     expected = [[EOT, *enc.encode_ordinary(t)] for t in texts]
@@ -76,3 +76,4 @@ def test_encode_documents_is_eot_then_encode_ordinary():
 def test_get_gpt2_encoding_is_tiktokens_gpt2():
     enc = get_gpt2_encoding()
     assert enc.name == "gpt2" and enc.eot_token == EOT == 50256
+    assert enc.n_vocab == 50257 and enc.encode_ordinary("Hello world") == [15496, 995]  # GPT-2's ids
