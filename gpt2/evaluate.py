@@ -91,8 +91,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="Val loss and HellaSwag accuracy of a checkpoint, llm.c model file or Hugging Face directory.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--checkpoint", required=True,
-                        help=MODEL_SOURCE_HELP)
+    parser.add_argument("--checkpoint", required=True, help=MODEL_SOURCE_HELP)
     parser.add_argument("--val-data", help="glob of val token shards (*_val_*.bin); unset: no val loss")
     parser.add_argument("--hellaswag", help="HellaSwag eval file (data.hellaswag); unset: no HellaSwag")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="val batch size B per rank")

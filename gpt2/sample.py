@@ -70,11 +70,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="Sample text from a checkpoint, llm.c model file or Hugging Face directory (top-k).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--checkpoint", required=True,
-                        help=MODEL_SOURCE_HELP)
+    parser.add_argument("--checkpoint", required=True, help=MODEL_SOURCE_HELP)
     parser.add_argument("--prompt", default=defaults.sample_prompt, help="text to continue")
     parser.add_argument("--num-samples", type=int, default=4, help="independent samples")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.sample_tokens, help="tokens generated per sample")
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.sample_tokens,
+                        help="tokens generated per sample")
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the sampling generator")
