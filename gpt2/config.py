@@ -6,7 +6,6 @@ import re
 from dataclasses import dataclass
 
 VOCAB_SIZE = 50257
-EOT_TOKEN = 50256
 
 
 def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
