@@ -52,14 +52,12 @@ def lr_at(
         return max_lr * (step + 1) / warmup_steps
     if schedule == "constant":
         return max_lr
-    if schedule == "wsd":
-        decay_start = max(warmup_steps, max_steps - int(decay_frac * max_steps))
-        if step < decay_start:
-            return max_lr
-        progress = (step - decay_start) / max(1, max_steps - decay_start)
-        return max_lr - progress * (max_lr - min_lr)
-    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)  # 0 -> 1 over the decay
-    if schedule == "linear":
+    # the decay starts right after warmup, or (wsd) at the last `decay_frac` of all steps
+    decay_start = max(warmup_steps, max_steps - int(decay_frac * max_steps)) if schedule == "wsd" else warmup_steps
+    if step < decay_start:
+        return max_lr
+    progress = (step - decay_start) / max(1, max_steps - decay_start)  # 0 -> 1 over the decay
+    if schedule in ("linear", "wsd"):
         return max_lr - progress * (max_lr - min_lr)
     if schedule == "cosine":
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
