@@ -76,8 +76,7 @@ def teardown() -> None:
 def all_reduce_mean(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     """Mean of `t` over ranks, in place (identity in a single process)."""
     if ctx.is_distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= ctx.world_size
+        all_reduce_sum(t, ctx).div_(ctx.world_size)
     return t
 
 
