@@ -42,12 +42,18 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def autocast_context(device: torch.device, dtype: str = "auto") -> contextlib.AbstractContextManager:
-    """bf16 autocast of the forward pass (parameters, gradients and optimizer state stay float32).
-
-    `auto`: bf16 on CUDA, float32 on the CPU (where bf16 is slow and only useful in tests).
-    """
+def autocast_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
+    """The forward pass's activation dtype: `auto` is bf16 on CUDA, float32 on the CPU (where bf16 is slow
+    and only useful in tests)."""
     if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def autocast_context(device: torch.device, dtype: str = "auto") -> contextlib.AbstractContextManager:
+    """bf16 autocast of the forward pass when `autocast_dtype` says bf16 (parameters, gradients and
+    optimizer state stay float32)."""
+    if autocast_dtype(device, dtype) == torch.bfloat16:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

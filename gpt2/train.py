@@ -30,7 +30,9 @@ from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate
 from gpt2.config import GPTConfig
-from gpt2.distributed import DistContext, all_reduce_mean, autocast_context, gather_objects, setup, teardown
+from gpt2.distributed import (
+    DistContext, all_reduce_mean, autocast_context, autocast_dtype, gather_objects, setup, teardown,
+)
 from gpt2.guard import OutlierGuard
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
@@ -250,7 +252,7 @@ def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistConte
     from kernels import configure_sdpa
 
     # before the model is built and compiled: compiled graphs bake the backend in (kernels/attention.py)
-    act_dtype = torch.float32 if config.dtype == "float32" else torch.bfloat16
+    act_dtype = autocast_dtype(ctx.device, config.dtype)
     return configure_sdpa(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
 
 
