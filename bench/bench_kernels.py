@@ -3,7 +3,7 @@
 Every row is one forward + backward (or one optimizer step) timed with CUDA events
 (`triton.testing.do_bench`, median), and the extra GPU memory it needed over its inputs. The floor
 column is the physical lower bound: FLOPs at the measured bf16 matmul rate, or bytes at the measured
-copy bandwidth, whichever is larger (METHOD.md's "two numbers").
+copy bandwidth, whichever is larger (that term says whether the op is bound by arithmetic or by memory).
 
     python -m bench.bench_kernels --help
 """
@@ -104,7 +104,7 @@ def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[Ker
     """The classifier's softmax pass alone on one (n, Vp) bf16 chunk, per launch shape (columns per
     block, warps); the first is the one kernels/cross_entropy.py uses. It overwrites the logits with
     dlogits, so later repetitions see other values: the timing does not depend on them."""
-    from kernels.cross_entropy import _cross_entropy_rows_kernel
+    from kernels.cross_entropy import ROWS_BLOCK, ROWS_WARPS, _cross_entropy_rows_kernel
 
     V, Vp = cfg.vocab_size, cfg.padded_vocab_size
     g = torch.Generator(device="cuda").manual_seed(4)
@@ -114,7 +114,7 @@ def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[Ker
     grad_scale = torch.full((1,), 1.0 / n, device="cuda")
     floor = _floor_ms(0, 3 * n * Vp * 2, ceil)  # read the bf16 logits twice, write dlogits once
     rows = []
-    for block, warps in ((4096, 8), (2048, 4), (2048, 8), (8192, 16), (4096, 16)):
+    for block, warps in ((ROWS_BLOCK, ROWS_WARPS), (2048, 4), (2048, 8), (8192, 16), (4096, 16)):
         def run(block=block, warps=warps):
             _cross_entropy_rows_kernel[(n,)](logits, logits.stride(0), targets, losses, -1, grad_scale,
                                              n_vocab=V, n_cols=Vp, COMPUTE_GRAD=True, BLOCK=block, num_warps=warps)

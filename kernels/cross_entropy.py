@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from kernels._triton import jit, next_power_of_2, tl, use_triton
 
 DEFAULT_CHUNK_ROWS = 8192  # (8192, 50304) bf16 logits = 0.8 GB; K=8192 keeps the dW matmul efficient
+ROWS_BLOCK, ROWS_WARPS = 4096, 8  # rows kernel launch: columns per block, warps (bench_kernels sweeps others)
 
 
 @jit
@@ -114,7 +115,7 @@ def cross_entropy_rows_(
         logits, logits.stride(0), targets, losses, ignore_index,
         grad_scale if compute_grad else losses,  # never read without COMPUTE_GRAD
         n_vocab=n_vocab, n_cols=n_cols, COMPUTE_GRAD=compute_grad,
-        BLOCK=min(4096, next_power_of_2(n_cols)), num_warps=8,
+        BLOCK=min(ROWS_BLOCK, next_power_of_2(n_cols)), num_warps=ROWS_WARPS,
     )
     return losses
 
