@@ -14,13 +14,9 @@ from kernels.cross_entropy import (
     linear_cross_entropy,
     linear_cross_entropy_reference,
 )
+from tests.fixtures.numerics import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm())
 
 
 def make_inputs(N, C, V, Vp, dtype, seed, n_ignored=2):

@@ -9,13 +9,9 @@ import pytest
 import torch
 
 from kernels.layernorm import add_layernorm, add_layernorm_reference
+from tests.fixtures.numerics import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm())
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,9 @@ import torch
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from kernels.attention import configure_sdpa
+from tests.fixtures.numerics import rel_err
 
 CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=101, padded_vocab_size=128)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm())
 
 
 def models_and_batch():
