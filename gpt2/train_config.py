@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from gpt2.config import VOCAB_SIZE, GPTConfig, padded_vocab
+from gpt2.config import VOCAB_SIZE, GPTConfig
 
 LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
 DTYPES = ("auto", "bfloat16", "float32")
@@ -114,9 +114,7 @@ def parse_model_spec(spec: str) -> GPTConfig:
             kwargs[key] = int(value)
         except ValueError:
             raise ConfigError(f"model: {key}={value!r} in {spec!r} is not an integer") from None
-    if "padded_vocab_size" not in kwargs and kwargs.get("vocab_size", 0) > 0:
-        kwargs["padded_vocab_size"] = padded_vocab(kwargs["vocab_size"])
-    return GPTConfig(**kwargs)
+    return GPTConfig(**kwargs)  # an unset padded_vocab_size is derived from vocab_size
 
 
 # ----------------------------------------------------------------------------------------------------
