@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 
+from data.files import atomic_path, write_json
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 
 # the weights Hugging Face keeps as Conv1D (in, out)
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_REQUIRED_CONFIG_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 # buffers some checkpoints store next to the weights (the causal mask), not parameters
 _BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
@@ -65,10 +67,9 @@ def export_hf(model: GPT, out_dir: str | os.PathLike) -> Path:
         elif name.endswith(_CONV1D_SUFFIXES):
             tensor = tensor.t()  # (out, in) -> Conv1D (in, out)
         tensors[name] = tensor.contiguous()
-    tmp = out_dir / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out_dir / "model.safetensors")
-    (out_dir / "config.json").write_text(json.dumps(_hf_config(model.config), indent=2) + "\n")
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+    write_json(out_dir / "config.json", _hf_config(model.config))
     return out_dir
 
 
@@ -90,6 +91,9 @@ def _config_from_hf(directory: Path) -> GPTConfig:
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; expected a Hugging Face GPT-2 checkpoint directory")
     hf = json.loads(path.read_text())
+    missing = [key for key in _REQUIRED_CONFIG_KEYS if key not in hf]
+    if missing:
+        raise ValueError(f"{path}: not a Hugging Face GPT-2 config, it lacks {', '.join(missing)}")
     if hf.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"{path}: model_type is {hf['model_type']!r}, only 'gpt2' can be imported")
     if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):

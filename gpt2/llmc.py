@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.files import atomic_path
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 
@@ -69,8 +70,7 @@ def write_model_file(model: GPT, path: str | os.PathLike, dtype: str = "float32"
     torch_dtype = VERSION_DTYPES[DTYPE_VERSIONS[dtype]]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
         f.write(_header(model.config, DTYPE_VERSIONS[dtype]).tobytes())
         for param in _file_order(model):
             data = param.detach().to("cpu", torch_dtype).contiguous()  # float32 -> bf16 rounds to nearest even
@@ -78,8 +78,7 @@ def write_model_file(model: GPT, path: str | os.PathLike, dtype: str = "float32"
                 data = data.view(torch.int16)  # numpy has no bfloat16: write the bits
             f.write(data.numpy().tobytes())
         f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        os.fsync(f.fileno())  # the checkpoint's COMPLETE marker vouches for this file
     return path
 
 

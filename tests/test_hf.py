@@ -120,3 +120,7 @@ def test_import_accepts_openai_style_keys_without_prefix(tmp_path):
 def test_import_errors_name_the_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json: missing"):
         import_hf(tmp_path)
+    # e.g. a training run directory: it has a config.json, but not a GPT-2 one
+    (tmp_path / "config.json").write_text('{"model": "d12", "batch_size": 64}')
+    with pytest.raises(ValueError, match="config.json: not a Hugging Face GPT-2 config, it lacks n_layer, n_head"):
+        import_hf(tmp_path)
