@@ -6,7 +6,6 @@ and `MODEL_CODE` (the model, its initialisation and checkpoint format) is part o
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +34,11 @@ class CheckpointRecord(StageRecord):
 
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
+        from data.files import read_json
         from gpt2.checkpoint import COMPLETE_MARKER, MODEL_FILE, STATE_FILE
 
         path = Path(path).resolve()
-        step = json.loads((path / COMPLETE_MARKER).read_text())["step"]
+        step = read_json(path / COMPLETE_MARKER)["step"]
         files = tuple(FileRef.of(path / name) for name in (STATE_FILE, MODEL_FILE))
         return cls(files=files, path=str(path), step=step, model=model)
 

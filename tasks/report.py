@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from data.files import atomic_path
+
 # Reference points (../shared/DESIGN.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
 REFERENCE_VAL_LOSS = 3.28
 REFERENCE_TOKENS = 10e9
@@ -61,10 +63,9 @@ def plot_loss_curve(metrics: list[dict[str, Any]], path: str | os.PathLike) -> P
     ax.legend()
     ax.grid(alpha=0.3)
     path = Path(path)
-    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")  # savefig picks the format by suffix
-    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    with atomic_path(path) as tmp:  # the temporary name ends in .tmp: give savefig the format
+        fig.savefig(tmp, format=path.suffix[1:], dpi=100, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from data.files import atomic_path
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, log_lines, python_module
 from tasks.init import MODEL_CODE, CheckpointRecord
@@ -39,8 +40,7 @@ def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_
     samples = tuple(s.strip("\n") for s in re.split(r"^--- sample \d+$", "\n".join(lines), flags=re.M)[1:])
     path = checkpoint.run_dir / f"samples_step_{checkpoint.step:08d}.md"
     text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text + "\n")
     create_markdown_artifact(f"# Samples at step {checkpoint.step}\n\n{text}\n", key=artifact_key("samples"))
     return SampleRecord(files=(FileRef.of(path),), samples=samples)

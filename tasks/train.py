@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
+from data.files import atomic_path
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
@@ -106,13 +107,12 @@ def train(
     run_dir = Path(runs_dir).resolve() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "pipeline_train_config.json"
-    tmp = config_path.with_name(config_path.name + ".tmp")
-    tmp.write_text(json.dumps(_train_config(run_dir, shards, hellaswag, init, seed, settings), indent=2) + "\n")
-    # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
-    # process starts: a ConfigError is deterministic and is not retried
-    config = load_config(["--config", str(tmp)])
-    validate(config, world_size=nproc * rendezvous.nnodes)
-    tmp.replace(config_path)
+    with atomic_path(config_path) as tmp:  # renamed to config_path only once gpt2.train accepts it
+        tmp.write_text(json.dumps(_train_config(run_dir, shards, hellaswag, init, seed, settings), indent=2) + "\n")
+        # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
+        # process starts: a ConfigError is deterministic and is not retried
+        config = load_config(["--config", str(tmp)])
+        validate(config, world_size=nproc * rendezvous.nnodes)
     _copy_checkpoint(Path(init.path), run_dir)  # gpt2.train starts from step 0 when it has no later checkpoint
 
     logger = get_run_logger()
