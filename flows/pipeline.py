@@ -10,13 +10,13 @@ seconds. `force=True` reruns the stage itself even when its cached output is val
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from data.files import read_json
 from flows.config import PipelineConfig
 from tasks.cache import StageRecord
 from tasks.download import download_documents
@@ -135,7 +135,7 @@ sample_flow = _stage_flow("sample")
 
 def _run_inputs(run_dir: Path) -> tuple[str, ShardsRecord | None, EvalFileRecord | None]:
     """(model, val shards, HellaSwag file) of a training run, from the config.json gpt2.train wrote."""
-    config = json.loads((run_dir / "config.json").read_text())
+    config = read_json(run_dir / "config.json")
     shards = ShardsRecord.from_manifest(Path(config["val_data"]).parent) if config.get("val_data") else None
     hellaswag = EvalFileRecord.of(config["hellaswag"]) if config.get("hellaswag") else None
     return config["model"], shards, hellaswag
@@ -158,13 +158,13 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
             continue
         model, shards, hellaswag = _run_inputs(run_dir)
         for step, path in list_checkpoints(run_dir):
-            try:
-                checkpoint = CheckpointRecord.of(path, model)
-            except FileNotFoundError:  # pruned by the training run since the listing
-                continue
-            done = read_evaluation(checkpoint)
+            done = read_evaluation(path)  # without hashing the checkpoint again
             evaluated_now = done is None
             if evaluated_now:
+                try:
+                    checkpoint = CheckpointRecord.of(path, model)
+                except FileNotFoundError:  # pruned by the training run since the listing
+                    continue
                 record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
                 done = {"val_loss": record.val_loss, "hellaswag": record.hellaswag}
             hs = done["hellaswag"] or {}

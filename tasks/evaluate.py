@@ -6,13 +6,13 @@ ledger, which the scheduled `gpt2-evaluate` flow reads to skip checkpoints alrea
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 
+from data.files import read_json, write_json
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import log_lines, python_module
 from tasks.hellaswag import EvalFileRecord
@@ -46,7 +46,7 @@ class EvalSettings:
     def args(self, run_dir: Path) -> list[str]:
         """gpt2.evaluate's flags for a checkpoint of the run in `run_dir`."""
         run_config_path = run_dir / "config.json"
-        run_config = json.loads(run_config_path.read_text()) if run_config_path.exists() else {}
+        run_config = read_json(run_config_path) if run_config_path.exists() else {}
         args = ["--device", self.device]
         for name in ("batch_size", "seq_len", "val_steps"):
             value = getattr(self, name) or run_config.get(name)
@@ -55,18 +55,24 @@ class EvalSettings:
         return args
 
 
-def evaluation_path(checkpoint: CheckpointRecord) -> Path:
+def evaluation_path(checkpoint_dir: str | Path) -> Path:
     """run_dir/evaluations/<checkpoint name>.json: the ledger entry that marks a checkpoint as evaluated."""
-    return checkpoint.run_dir / EVALUATIONS / f"{Path(checkpoint.path).name}.json"
+    checkpoint_dir = Path(checkpoint_dir)  # <run_dir>/checkpoints/step_NNNNNNNN
+    return checkpoint_dir.parent.parent / EVALUATIONS / f"{checkpoint_dir.name}.json"
 
 
-def read_evaluation(checkpoint: CheckpointRecord) -> dict[str, Any] | None:
-    """The recorded evaluation of exactly this checkpoint content, or None if it has not been evaluated."""
-    path = evaluation_path(checkpoint)
+def read_evaluation(checkpoint_dir: str | Path) -> dict[str, Any] | None:
+    """The recorded evaluation of this checkpoint if its files still hold the evaluated content, else None.
+
+    The files are checked as cached records are (size and mtime; hashed only when touched), so a scan
+    does not re-read gigabytes of checkpoints that were evaluated before.
+    """
+    path = evaluation_path(checkpoint_dir)
     if not path.exists():
         return None
-    entry = json.loads(path.read_text())
-    return entry if entry.get("checkpoint_digest") == checkpoint.content_digest() else None
+    entry = read_json(path)
+    files = tuple(FileRef(**f) for f in entry.get("files", ()))
+    return entry if files and StageRecord(files=files).problem() is None else None
 
 
 def _write_tensorboard(run_dir: Path, step: int, result: dict[str, Any]) -> None:
@@ -76,8 +82,8 @@ def _write_tensorboard(run_dir: Path, step: int, result: dict[str, Any]) -> None
     try:
         if result.get("val_loss") is not None:
             writer.add_scalar("eval/val_loss", result["val_loss"], step)
-        for key in ("acc", "acc_norm"):
-            if result.get("hellaswag"):
+        if result.get("hellaswag"):
+            for key in ("acc", "acc_norm"):
                 writer.add_scalar(f"eval/hellaswag_{key}", result["hellaswag"][key], step)
     finally:
         writer.close()
@@ -93,7 +99,7 @@ def evaluate_checkpoint(
     the checkpoint's step and its evaluations/ ledger."""
     if shards is None and hellaswag is None:
         raise ValueError("evaluate: nothing to evaluate; give val shards and/or a HellaSwag eval file")
-    ledger = evaluation_path(checkpoint)
+    ledger = evaluation_path(checkpoint.path)
     ledger.parent.mkdir(parents=True, exist_ok=True)
     out = ledger.with_name(ledger.name + ".result.tmp")
     args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(checkpoint.run_dir)]
@@ -102,14 +108,12 @@ def evaluate_checkpoint(
     if hellaswag is not None:
         args += ["--hellaswag", hellaswag.path]
     run_streaming(python_module("gpt2.evaluate", args), log_lines())
-    result = json.loads(out.read_text())
+    result = read_json(out)
     out.unlink()
 
     _write_tensorboard(checkpoint.run_dir, checkpoint.step, result)
-    entry = {"checkpoint": checkpoint.path, "checkpoint_digest": checkpoint.content_digest(), "step": checkpoint.step,
+    entry = {"checkpoint": checkpoint.path, "files": [asdict(f) for f in checkpoint.files], "step": checkpoint.step,
              "val_loss": result.get("val_loss"), "hellaswag": result.get("hellaswag")}
-    tmp = ledger.with_name(ledger.name + ".tmp")
-    tmp.write_text(json.dumps(entry, indent=2) + "\n")
-    tmp.replace(ledger)  # last: a crash before this line leaves the checkpoint unevaluated, never half-recorded
+    write_json(ledger, entry)  # last, atomically: a crash before it leaves the checkpoint unevaluated
     return EvalRecord(files=(FileRef.of(ledger),), checkpoint=checkpoint.path, step=checkpoint.step,
                       val_loss=entry["val_loss"], hellaswag=entry["hellaswag"])
