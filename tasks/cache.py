@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,7 @@ class FileRef:
 
     @classmethod
     def of(cls, path: str | os.PathLike) -> "FileRef":
-        stat = os.stat(path)
-        return cls(str(Path(path).resolve()), stat.st_size, sha256_file(path), stat.st_mtime_ns)
+        return cls.with_sha256(path, sha256_file(path))
 
     @classmethod
     def with_sha256(cls, path: str | os.PathLike, sha256: str) -> "FileRef":
@@ -128,7 +127,7 @@ class StageCache(CachePolicy):
 
     stage: str = ""
     code: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = field(default_factory=tuple)
+    ignore: tuple[str, ...] = ()
 
     def compute_key(
         self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
