@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make PostgreSQL's server binaries available for tests/test_pipeline_postgres.py (a Prefect server on
+# Make PostgreSQL's server binaries available for tests/test_pipeline_deployments.py (a Prefect server on
 # PostgreSQL). Installs the Debian package when they are missing and apt-get can be used; otherwise says
 # why and exits 0, and the test skips itself.
 set -euo pipefail
