@@ -36,33 +36,42 @@ if "$python" -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('1
     exit 1
 fi
 
-pids=()
+# stop PID GRACE_S: SIGTERM, SIGKILL after GRACE_S seconds, then reap it. Callers send stop's stderr to
+# /dev/null: bash reports a background job killed by a signal ("PID Killed ... worker start") on that stream.
+stop() {
+    kill "$1" 2>/dev/null || return 0
+    for _ in $(seq "$2"); do
+        kill -0 "$1" 2>/dev/null || break
+        sleep 1
+    done
+    kill -9 "$1" 2>/dev/null || true
+    wait "$1" || true
+}
+
+server_pid= worker_pid=
 cleanup() {
     if [ "${KEEP_RUNNING:-0}" = 1 ]; then
-        echo "[run] left running: server and worker (pids ${pids[*]}); stop them with: kill ${pids[*]}"
+        echo "[run] left running: server (pid $server_pid) and worker (pid $worker_pid);" \
+             "stop them with: kill -9 $worker_pid; kill $server_pid"
         return
     fi
-    # the worker first (it needs the server to shut down cleanly), then the server; SIGKILL after 20 s
-    local i
-    for (( i=${#pids[@]}-1; i>=0; i-- )); do
-        kill "${pids[i]}" 2>/dev/null || continue
-        for _ in $(seq 20); do
-            kill -0 "${pids[i]}" 2>/dev/null || break
-            sleep 1
-        done
-        kill -9 "${pids[i]}" 2>/dev/null || true
-    done
+    # The worker first: it only needs the server while it shuts down. Prefect 3.8's worker answers SIGTERM
+    # by sending itself SIGINT, which does not stop it (a background job of a script even ignores SIGINT),
+    # and a second SIGTERM makes it SIGKILL itself: so it gets a short grace, then SIGKILL. Once the watched
+    # flow run has finished, the worker has nothing left to do.
+    if [ -n "$worker_pid" ]; then stop "$worker_pid" 3 2>/dev/null; fi
+    if [ -n "$server_pid" ]; then stop "$server_pid" 20 2>/dev/null; fi
 }
 trap cleanup EXIT
 
 echo "[run] starting the Prefect server on port $PORT (log: .prefect/server.log)"
 "${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
-pids+=($!)
+server_pid=$!
 for _ in $(seq 120); do
     if "$python" -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null; then
         break
     fi
-    if ! kill -0 "${pids[0]}" 2>/dev/null; then
+    if ! kill -0 "$server_pid" 2>/dev/null; then
         echo "[run] the server exited; see .prefect/server.log" >&2
         tail -20 "$PREFECT_HOME/server.log" >&2
         exit 1
@@ -79,7 +88,7 @@ echo "[run] work pool gpt2-local (process) and deployments"
 
 echo "[run] starting a worker (log: .prefect/worker.log)"
 "${prefect[@]}" worker start --pool gpt2-local >"$PREFECT_HOME/worker.log" 2>&1 &
-pids+=($!)
+worker_pid=$!
 
 echo "[run] prefect deployment run $DEPLOYMENT --watch $*"
 status=0
