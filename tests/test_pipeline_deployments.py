@@ -60,6 +60,7 @@ def test_run_sh_smoke_from_a_fresh_clone(clone):
     assert "gpt2-pretrain/smoke finished with exit code 0" in result.stdout
     assert "Prefect UI:   http://127.0.0.1:" in result.stdout and "--logdir" in result.stdout
     assert (clone / ".prefect" / "prefect.db").is_file()  # the server's SQLite database lives in the project
+    assert "Killed" not in result.stderr  # the worker is stopped and reaped without bash's job notice
 
     (run_dir,) = [Path(p) for p in glob.glob(str(clone / "artifacts/runs/smoke/*"))]
     evaluations = sorted((run_dir / "evaluations").glob("*.json"))
