@@ -5,7 +5,8 @@ A stage's cache key is everything that determines its output:
 * its parameters (plain values, hashed as they are),
 * the *content* of its inputs: upstream stages pass `StageRecord`s, which hash as the sha256 of the files
   they describe (manifest, shards, checkpoint), never as paths or mtimes,
-* the version of its code: the sha256 of the source files of the modules that compute the output.
+* the version of its code: the sha256 of the source files of the modules that compute the output
+  (the stage's entry modules and every gpt2/, data/, kernels/ module they import).
 
 Before Prefect looks a key up, `StageCache` reads the cached record for it (if any) and checks that the
 files it names are still on disk with their recorded content. A deleted or corrupted output makes the
@@ -14,6 +15,7 @@ policy drop that record, so the stage runs again instead of returning a record o
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import os
@@ -84,15 +86,56 @@ class StageRecord:
         return h.hexdigest()
 
 
-def code_version(modules: tuple[str, ...]) -> str:
-    """sha256 over the source files of `modules` (not imported; found through their import specs)."""
-    h = hashlib.sha256()
-    for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
+# the packages whose source determines stage outputs; imports of anything else (torch, prefect) are not followed
+PROJECT_PACKAGES = ("gpt2", "data", "kernels")
+
+
+def _source_path(name: str) -> Path | None:
+    """The source file of a project module, found on disk without importing anything."""
+    top, *rest = name.split(".")
+    spec = importlib.util.find_spec(top)  # a top-level lookup runs no package code
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
+    candidates = [base / "__init__.py"] + ([base.with_suffix(".py")] if rest else [])
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Project modules named by the import statements of a source file (nested ones included)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return {n for n in names if n.split(".")[0] in PROJECT_PACKAGES and _source_path(n) is not None}
+
+
+def code_closure(entry_modules: tuple[str, ...]) -> list[str]:
+    """`entry_modules` and every project module they import, directly or not, sorted."""
+    seen: set[str] = set()
+    todo = list(entry_modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _source_path(name)
+        if path is None:
             raise ModuleNotFoundError(f"stage code module {name!r} not found; fix the stage's code list")
+        seen.add(name)
+        todo.extend(_imported_modules(path) - seen)
+    return sorted(seen)
+
+
+def code_version(entry_modules: tuple[str, ...]) -> str:
+    """sha256 over the source of `entry_modules` and of every project module they import (read from disk,
+    never imported), so a stage's code list names only the modules where its work starts."""
+    h = hashlib.sha256()
+    for name in code_closure(entry_modules):
         h.update(name.encode())
-        h.update(Path(spec.origin).read_bytes())
+        h.update(_source_path(name).read_bytes())
     return h.hexdigest()
 
 

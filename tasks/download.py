@@ -11,7 +11,7 @@ from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.retry import NETWORK_RETRIES
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
-DOWNLOAD_CODE = ("data.fineweb", "data.files")
+DOWNLOAD_CODE = ("data.fineweb",)  # entry modules; what they import counts too (tasks.cache.code_version)
 
 
 @dataclass(frozen=True)

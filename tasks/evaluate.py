@@ -21,7 +21,7 @@ from tasks.launch import run_streaming
 from tasks.tokenize import ShardsRecord
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
-EVAL_CODE = MODEL_CODE + ("gpt2.evaluate", "gpt2.distributed", "data.loader", "data.hellaswag")
+EVAL_CODE = MODEL_CODE + ("gpt2.evaluate",)  # entry modules; their imports count too
 
 EVALUATIONS = "evaluations"  # per-run folder of evaluation results: one JSON per evaluated checkpoint
 

@@ -13,7 +13,7 @@ from tasks.common import artifact_key
 from tasks.download import DocumentsRecord
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
-TOKENIZE_CODE = ("data.shards", "data.tokenizer", "data.fineweb", "data.files")
+TOKENIZE_CODE = ("data.shards",)  # entry modules; what they import counts too (tasks.cache.code_version)
 
 
 @dataclass(frozen=True)

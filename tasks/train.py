@@ -26,8 +26,7 @@ if TYPE_CHECKING:
     from gpt2.train_config import TrainConfig
 
 # modules whose source determines the stage's output (their edits invalidate its cache and name a new run)
-TRAIN_CODE = MODEL_CODE + ("gpt2.train", "gpt2.train_config", "gpt2.optim", "gpt2.guard", "gpt2.distributed",
-                           "gpt2.evaluate", "data.loader", "data.shards")
+TRAIN_CODE = MODEL_CODE + ("gpt2.train",)
 
 TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its latest checkpoint
 TRAIN_RETRY_DELAY_S = 30

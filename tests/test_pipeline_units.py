@@ -9,7 +9,7 @@ import urllib.error
 
 import pytest
 
-from tasks.cache import FileRef, StageRecord, content_identity
+from tasks.cache import FileRef, StageRecord, code_closure, code_version, content_identity
 from tasks.launch import CommandFailed, Rendezvous, run_streaming, torchrun_command
 from tasks.report import training_figures
 from tasks.retry import TransientError, is_transient
@@ -159,3 +159,31 @@ def test_training_figures_hand_computed():
     ]
     figures = training_figures(metrics)
     assert figures == {"train_loss": 9.0, "val_loss": 9.5, "tokens_per_s": 200.0, "mfu": pytest.approx(0.30)}
+
+
+def test_code_version_follows_project_imports_only(tmp_path, monkeypatch):
+    # a throwaway project package: a imports b (and numpy), b imports c lazily inside a function, d is unused
+    pkg = tmp_path / "gpt2"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import numpy\nfrom gpt2 import b\n")
+    (pkg / "b.py").write_text("def f():\n    from gpt2.c import g\n")
+    (pkg / "c.py").write_text("def g():\n    return 1\n")
+    (pkg / "d.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "gpt2", raising=False)
+    assert code_closure(("gpt2.a",)) == ["gpt2", "gpt2.a", "gpt2.b", "gpt2.c"]
+    before = code_version(("gpt2.a",))
+    (pkg / "d.py").write_text("x = 1\n")  # not imported: no new version
+    assert code_version(("gpt2.a",)) == before
+    (pkg / "c.py").write_text("def g():\n    return 2\n")  # imported two steps away: a new version
+    assert code_version(("gpt2.a",)) != before
+
+
+def test_train_code_covers_the_modules_training_runs():
+    from tasks.train import TRAIN_CODE
+
+    closure = set(code_closure(TRAIN_CODE))
+    # imported by gpt2.train directly (loader, evaluation) and through the model (the fused kernels)
+    assert {"data.loader", "data.files", "gpt2.evaluate", "gpt2.model", "kernels.layernorm", "kernels.cross_entropy"} <= closure
+    assert not any(name.startswith(("torch", "prefect", "tasks")) for name in closure)
