@@ -67,7 +67,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from data.files import write_json
+from common.files import write_json
 
 out, skip = Path(sys.argv[1]), int(sys.argv[2])
 runs, settings, resolved = {}, {}, {}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from data.files import atomic_path, iter_jsonl_records, read_json, write_json
+from common.files import atomic_path, iter_jsonl_records, read_json, write_json
 
 FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
 FINEWEB_CONFIGS = ("sample-10BT", "sample-100BT")

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from data.files import atomic_path, iter_jsonl_records
+from common.files import atomic_path, iter_jsonl_records
 from data.tokenizer import get_gpt2_encoding
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"

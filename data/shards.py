@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.fineweb import batched, describe_source, iter_documents
-from data.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
+from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
 from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
 MAGIC = 20240520

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tiktoken
 
-from data.files import atomic_path, sha256_file
+from common.files import atomic_path, sha256_file
 
 EOT = 50256  # <|endoftext|>: prefixes every document in the token shards
 _EOT_ARRAY = np.array([EOT], dtype=np.uint32)  # same dtype as encode_to_numpy's output

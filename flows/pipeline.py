@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from data.files import read_json
+from common.files import read_json
 from flows.config import PipelineConfig
 from tasks.cache import StageRecord
 from tasks.download import download_documents

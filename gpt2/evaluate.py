@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from data.files import write_json
+from common.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown

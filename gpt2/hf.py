@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from data.files import atomic_path, write_json
+from common.files import atomic_path, write_json
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.files import atomic_path
+from common.files import atomic_path
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.files import atomic_path, write_json
+from common.files import atomic_path, write_json
 from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate

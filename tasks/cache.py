@@ -29,7 +29,7 @@ from prefect.filesystems import LocalFileSystem
 from prefect.logging import get_logger
 from prefect.utilities.hashing import hash_objects
 
-from data.files import sha256_file
+from common.files import sha256_file
 
 logger = get_logger(__name__)
 
@@ -87,7 +87,7 @@ class StageRecord:
 
 
 # the packages whose source determines stage outputs; imports of anything else (torch, prefect) are not followed
-PROJECT_PACKAGES = ("gpt2", "data", "kernels")
+PROJECT_PACKAGES = ("common", "gpt2", "data", "kernels")
 
 
 def _source_path(name: str) -> Path | None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from prefect import task
 
-from data.files import read_json, write_json
+from common.files import read_json, write_json
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import log_lines, python_module
 from tasks.hellaswag import EvalFileRecord

@@ -34,7 +34,7 @@ class CheckpointRecord(StageRecord):
 
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
-        from data.files import read_json
+        from common.files import read_json
         from gpt2.checkpoint import COMPLETE_MARKER, MODEL_FILE, STATE_FILE
 
         path = Path(path).resolve()

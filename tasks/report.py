@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from data.files import atomic_path
+from common.files import atomic_path
 
 # Reference points (../shared/DESIGN.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
 REFERENCE_VAL_LOSS = 3.28

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from data.files import atomic_path
+from common.files import atomic_path
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, log_lines, python_module
 from tasks.init import MODEL_CODE, CheckpointRecord

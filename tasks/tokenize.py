@@ -27,7 +27,7 @@ class ShardsRecord(StageRecord):
     @classmethod
     def from_manifest(cls, out_dir: str | Path) -> "ShardsRecord":
         """The record of a finished shard folder; shard hashes come from its manifest, not re-hashing."""
-        from data.files import read_json
+        from common.files import read_json
         from data.shards import MANIFEST
 
         out_dir = Path(out_dir).resolve()
@@ -51,7 +51,7 @@ def _discard_damaged_shards(out_dir: Path) -> None:
     (build_shards trusts a finished manifest; this task only runs when the cache found the output damaged
     or missing, so here every shard is checked against its recorded sha256.)
     """
-    from data.files import read_json, sha256_file
+    from common.files import read_json, sha256_file
     from data.shards import MANIFEST
 
     manifest_path = out_dir / MANIFEST

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from data.files import atomic_path
+from common.files import atomic_path
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord

@@ -1,4 +1,4 @@
-"""Small file helpers shared by the data stages: atomic writes, JSON lines and hashing."""
+"""Small file helpers shared by every layer: atomic writes, JSON and JSON lines, hashing."""
 
 from __future__ import annotations
 
