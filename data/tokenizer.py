@@ -27,6 +27,7 @@ import tiktoken
 from common.files import atomic_path, sha256_file
 
 EOT = 50256  # <|endoftext|>: prefixes every document in the token shards
+VOCAB_SIZE = EOT + 1  # GPT-2's token ids are 0..50256
 _EOT_ARRAY = np.array([EOT], dtype=np.uint32)  # same dtype as encode_to_numpy's output
 
 
@@ -118,17 +119,28 @@ def get_gpt2_encoding() -> tiktoken.Encoding:
     return tiktoken.get_encoding("gpt2")
 
 
+def _encode_ordinary_to_numpy(enc: tiktoken.Encoding, text: str) -> np.ndarray:
+    """`enc.encode_ordinary(text)` as a uint32 array, including its handling of text that is not valid
+    UTF-8 (a lone surrogate, which JSON can hold as "\\ud83d"): each such code point becomes U+FFFD."""
+    try:
+        return enc.encode_to_numpy(text, disallowed_special=())
+    except UnicodeEncodeError:  # the same repair as tiktoken's encode_ordinary
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return enc.encode_to_numpy(text, disallowed_special=())
+
+
 def encode_documents(texts: Iterable[str], enc: tiktoken.Encoding | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of documents as the shards store them, back to back, and each document's token count.
 
     Each document is EOT followed by `encode_ordinary(text)` (text that looks like a special token is
-    encoded as plain text). Returns (uint16 tokens, int64 lengths).
+    encoded as plain text; a lone surrogate becomes U+FFFD, as encode_ordinary does). Returns (uint16
+    tokens, int64 lengths).
     """
     enc = enc or get_gpt2_encoding()
     pieces = []
     for text in texts:
         # encode_to_numpy with nothing special allowed or disallowed == encode_ordinary, minus the list of ints
-        pieces += [_EOT_ARRAY, enc.encode_to_numpy(text, disallowed_special=())]
+        pieces += [_EOT_ARRAY, _encode_ordinary_to_numpy(enc, text)]
     if not pieces:
         return np.empty(0, dtype=np.uint16), np.empty(0, dtype=np.int64)
     lengths = np.array([len(p) for p in pieces[1::2]], dtype=np.int64) + 1
