@@ -303,7 +303,9 @@ def evaluate(
         raise ValueError(f"examples_per_batch must be at least 1, got {examples_per_batch}")
     examples = read_eval_file(eval_path)[:limit][rank::world_size]
     correct = correct_norm = 0
-    with tqdm(total=len(examples), desc="hellaswag", unit="example", disable=not progress or rank != 0) as bar:
+    show = progress and rank == 0
+    # disable=None: off where stderr is not a terminal (a worker's log would fill with carriage returns)
+    with tqdm(total=len(examples), desc="hellaswag", unit="example", disable=None if show else True) as bar:
         for start in range(0, len(examples), examples_per_batch):
             batch = examples[start : start + examples_per_batch]
             tokens, mask = batch_tensors(batch)
