@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +32,9 @@ FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
 FINEWEB_CONFIGS = ("sample-10BT", "sample-100BT")
 LOCAL_SUFFIXES = (".parquet", ".jsonl")
 TEXT_COLUMN = "text"
+
+
+logger = logging.getLogger(__name__)
 
 
 class DocumentError(ValueError):
@@ -246,8 +250,9 @@ def _download_identity(source: str, config: str | None, limit: int | None, docs_
     """The identity of a download; a hub download already started keeps its recorded revision (a snapshot),
     so a rerun needs no network and never mixes two revisions."""
     src = parse_source(source)
-    if src.kind == "hub" and recorded and recorded.get("hub") == src.location and \
-            (recorded.get("config"), recorded.get("limit"), recorded.get("docs_per_file")) == (config, limit, docs_per_file):
+    same_request = recorded and [recorded.get(k) for k in ("hub", "config", "limit", "docs_per_file")] == [
+        src.location, config, limit, docs_per_file]
+    if src.kind == "hub" and same_request:
         return {k: recorded[k] for k in ("hub", "config", "revision", "limit", "docs_per_file")}
     return {**source_identity(source, config, limit), "docs_per_file": docs_per_file}
 
@@ -257,6 +262,7 @@ def _intact_parts(out_dir: Path, parts: list[dict]) -> int:
     for i, part in enumerate(parts):
         path = out_dir / part["file"]
         if not path.is_file() or path.stat().st_size != part["size"] or sha256_file(path) != part["sha256"]:
+            logger.warning("%s is missing or differs from its recorded size/sha256; downloading from it on", path)
             return i
     return len(parts)
 
@@ -334,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--source", default=FINEWEB_DATASETS[0],
                         help=f"hub id ({', '.join(FINEWEB_DATASETS)}, or {HUB_PREFIX}OWNER/NAME) or local folder/file")
-    parser.add_argument("--config", default=FINEWEB_CONFIGS[0], help=f"dataset config, e.g. {', '.join(FINEWEB_CONFIGS)}")
+    parser.add_argument("--config", default=FINEWEB_CONFIGS[0],
+                        help=f"dataset config, e.g. {', '.join(FINEWEB_CONFIGS)}")
     parser.add_argument("--out", required=True, type=Path, help="output folder for part_NNNNN.parquet files")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many documents (default: all)")
     parser.add_argument("--docs-per-file", type=int, default=100_000, help="documents per parquet file")

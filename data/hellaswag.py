@@ -204,10 +204,12 @@ def _source_sha256(source: str | os.PathLike, recorded: dict) -> str | None:
 
 
 def _intact(out_dir: Path, manifest: dict) -> bool:
-    return all(
-        (out_dir / name).is_file() and (out_dir / name).stat().st_size == f["size"] and sha256_file(out_dir / name) == f["sha256"]
-        for name, f in manifest["files"].items()
-    )
+    """Every file the manifest lists is there with its recorded size and sha256."""
+    for name, recorded in manifest["files"].items():
+        path = out_dir / name
+        if not path.is_file() or path.stat().st_size != recorded["size"] or sha256_file(path) != recorded["sha256"]:
+            return False
+    return True
 
 
 def prepare(out_dir: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VAL_URL) -> Path:

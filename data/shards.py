@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -41,6 +42,9 @@ PROGRESS = "progress.json"  # finished shards of an interrupted run; gone once m
 TOKENIZER_INFO = {"library": "tiktoken", "encoding": "gpt2", "method": "encode_ordinary", "document_prefix": EOT}
 DOCS_PER_TASK = 128  # documents sent to a worker at a time: large enough to amortize the IPC
 PROGRESS_EVERY = 1000  # documents between two calls of build_shards' progress callback
+
+
+logger = logging.getLogger(__name__)
 
 
 class ShardError(ValueError):
@@ -216,7 +220,9 @@ def _shard_span(records: list[dict], idx: int) -> tuple[int, int, int]:
     return start_doc, start_offset, end_doc
 
 
-def _repair(documents: Iterable[str], out_dir: Path, records: list[dict], bad: list[int], num_workers: int | None) -> None:
+def _repair(
+    documents: Iterable[str], out_dir: Path, records: list[dict], bad: list[int], num_workers: int | None
+) -> None:
     """Rewrite the shards `bad` (ascending indices) from `documents` in one pass over the stream; each must
     come out with its recorded sha256, else nothing is written for it."""
     docs, position = iter(documents), 0
@@ -274,12 +280,16 @@ def build_shards(
             refuse_or_clear(path, difference, replace, lambda: _clear(out_dir, recorded))
     if (out_dir / MANIFEST).exists():
         manifest = read_json(out_dir / MANIFEST)
-        bad = [i for i, record in enumerate(manifest["shards"]) if shard_problem(out_dir / record["file"], record)]
+        problems = {i: shard_problem(out_dir / record["file"], record) for i, record in enumerate(manifest["shards"])}
+        bad = [i for i, problem in problems.items() if problem]
+        for i in bad:
+            logger.warning("%s; rebuilding this shard", problems[i])
         if bad:
             _repair(documents, out_dir, manifest["shards"], bad, num_workers)
         return manifest
 
-    finished = _finished_shards(out_dir, read_json(out_dir / PROGRESS), shard_size) if (out_dir / PROGRESS).exists() else []
+    progress_path = out_dir / PROGRESS
+    finished = _finished_shards(out_dir, read_json(progress_path), shard_size) if progress_path.exists() else []
     writer = _ShardWriter(out_dir, settings, finished)
     start_doc, start_offset = (finished[-1]["next_document"], finished[-1]["next_offset"]) if finished else (0, 0)
     remaining = itertools.islice(documents, start_doc, None)  # finished documents are read, not tokenized
@@ -344,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--source", required=True,
-                        help="local parquet/jsonl folder or file, or hub dataset (HuggingFaceFW/NAME, hf://datasets/OWNER/NAME)")
+                        help="local parquet/jsonl folder or file, or hub dataset: HuggingFaceFW/NAME or "
+                        "hf://datasets/OWNER/NAME")
     parser.add_argument("--config", default=None, help="hub dataset config, e.g. sample-10BT")
     parser.add_argument("--out", required=True, type=Path, help="output folder for the shards and manifest.json")
     parser.add_argument("--name", default="fineweb", help="shard name prefix: {name}_{split}_{idx:06d}.bin")

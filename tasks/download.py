@@ -68,8 +68,10 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
     src = fineweb.parse_source(source)
     if src.kind == "local":
         path = Path(src.location)
-        files = fineweb.local_files(path)
         identity = fineweb.source_identity(path)
+        # the identity hashed each file already: its refs reuse those hashes instead of reading the corpus again
+        files = zip(fineweb.local_files(path), identity["local"])
+        refs = [FileRef.with_sha256(f, entry["sha256"]) for f, entry in files]
         num_documents = fineweb.count_documents(path)
     else:
         report = progress_reporter(artifact_key("download-progress", Path(out_dir).parent.name),
@@ -82,10 +84,11 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
 
         path = fineweb.download(source, config, out_dir, limit, replace=True, progress=progress)
         manifest = json.loads((path / fineweb.DOWNLOAD_MANIFEST).read_text())
-        files = [path / f["file"] for f in manifest["files"]] + [path / fineweb.DOWNLOAD_MANIFEST]
+        refs = [FileRef.with_sha256(path / f["file"], f["sha256"]) for f in manifest["files"]]  # verified by download
+        refs.append(FileRef.of(path / fineweb.DOWNLOAD_MANIFEST))
         identity = {k: manifest[k] for k in ("hub", "config", "revision", "limit")}
         num_documents = manifest["num_documents"]
-    logger.info("%d documents of %s are in %s (%d files); identity %s", num_documents, source, path, len(files),
+    logger.info("%d documents of %s are in %s (%d files); identity %s", num_documents, source, path, len(refs),
                 identity)
-    return DocumentsRecord(files=tuple(FileRef.of(f) for f in files), path=str(path), source=source,
+    return DocumentsRecord(files=tuple(refs), path=str(path), source=source,
                            identity=json.dumps(identity, sort_keys=True), num_documents=num_documents)
