@@ -116,3 +116,17 @@ def test_a_same_size_corrupted_shard_is_rebuilt_alone(data_config):
     assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
     assert target.read_bytes() == good
     assert {f: (out / f).stat().st_mtime_ns for f in others} == others
+
+
+def test_tokenize_reports_progress_as_a_prefect_progress_artifact(data_config):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.pipeline import tokenize_flow
+
+    run_flow(tokenize_flow, dataclasses.replace(data_config, shard_size=5000))  # a rebuild: documents tokenized
+    key = f"tokenize-progress-{data_config.dataset}"
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert artifacts and {a.type for a in artifacts} == {"progress"}
+    assert {a.data for a in artifacts} == {100.0}  # every tokenize run of this module finished
