@@ -11,7 +11,7 @@ from typing import Any
 
 from common.files import atomic_path
 
-# Reference points (../shared/DESIGN.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
+# Reference points (docs/reference.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
 REFERENCE_VAL_LOSS = 3.28
 REFERENCE_TOKENS = 10e9
 OPENAI_HELLASWAG_ACC_NORM = 0.2955
