@@ -112,7 +112,9 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
+    if out_dir.is_file():
+        raise FileExistsError(f"{out_dir} is a file; the export is a directory: choose another name")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
         raise FileExistsError(f"{out_dir} exists and is not empty; choose another directory or overwrite it "
                               "(--force)")
     V = model.config.vocab_size
@@ -126,8 +128,6 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
         elif name.endswith(_CONV1D_SUFFIXES):
             tensor = tensor.t()  # (out, in) -> Conv1D (in, out)
         tensors[name] = tensor.contiguous()
-    if out_dir.is_file():
-        out_dir.unlink()  # overwrite: a file of that name gives way to the directory
     with atomic_directory(out_dir) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "config.json", _hf_config(model.config))

@@ -219,6 +219,9 @@ def test_export_is_complete_offline_and_refuses_to_clobber(exported, tmp_path):
         export_hf(model, tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     export_hf(model, tmp_path / "mine", overwrite=True)
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(FileExistsError, match="file is a file"):
+        export_hf(model, tmp_path / "file", overwrite=True)
     assert not (tmp_path / "mine" / "notes.txt").exists()
     assert (tmp_path / "mine" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
