@@ -139,6 +139,8 @@ def run_summary_markdown(
     if val is not None:
         gap = val - REFERENCE_VAL_LOSS
         lines += ["", f"Val loss is {gap:+.3f} from the 10B-token reference."]
-    if loss_curve:
+    if loss_curve and Path(loss_curve).is_file():
         lines += ["", f"![loss curve]({png_data_uri(loss_curve)})", "", f"Full size: `{loss_curve}`"]
+    elif loss_curve:  # e.g. deleted after a cached training record was written
+        lines += ["", f"Loss curve: `{loss_curve}` is missing."]
     return "\n".join(lines) + "\n"

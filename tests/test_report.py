@@ -61,3 +61,11 @@ def test_summary_markdown_embeds_a_small_decodable_png_of_the_curve(tmp_path):
 def test_summary_markdown_without_a_curve_has_no_image(tmp_path):
     markdown = run_summary_markdown("Training run x", str(tmp_path), 0, 0, {}, None, None)
     assert "data:image" not in markdown
+
+
+def test_summary_markdown_says_when_the_curve_file_is_gone(tmp_path):
+    # a cached training record can outlive its loss_curve.png: the summary says so instead of failing
+    gone = tmp_path / "loss_curve.png"
+    markdown = run_summary_markdown("Training run x", str(tmp_path), 0, 0, {}, None, str(gone))
+    assert "data:image" not in markdown
+    assert f"`{gone}` is missing" in markdown
