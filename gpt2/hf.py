@@ -66,7 +66,7 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
         "truncation": None,
         "padding": None,
         "added_tokens": [{"id": EOT, "content": EOT_TEXT, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": True, "special": True}],
+                          "normalized": False, "special": True}],
         "normalizer": None,
         "pre_tokenizer": byte_level,
         "post_processor": {**byte_level, "trim_offsets": False},
