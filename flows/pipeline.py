@@ -53,7 +53,9 @@ def resolved_settings(parameters: dict[str, Any]) -> PipelineSettings:
         with get_client(sync_client=True) as client:
             deployment = client.read_deployment(run.deployment_id).parameters
         parameters = {**parameters, **merge_with_deployment(run.parameters, deployment)}
-    return check_settings(parameters)
+    settings = check_settings(parameters)
+    get_run_logger().info("settings: %s", settings.model_dump_json(exclude_none=True))
+    return settings
 
 
 class Stages:
