@@ -122,7 +122,7 @@ def train(
         log(line)
         progress(line)
 
-    cmd = torchrun_command("gpt2.train", ["--config", str(config_path)], nproc, rendezvous)
+    cmd = torchrun_command("gpt2.train", ["--config", str(config_path)], nproc, rendezvous, run_id=run_id)
     try:
         run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
