@@ -1,13 +1,12 @@
 """The repository is self-contained: no file cites a document users do not have, and doc links resolve."""
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# produced or installed, not the project's own files
-SKIP_DIRS = {".git", ".venv", "artifacts", ".prefect", "__pycache__", ".pytest_cache", ".whl"}
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini", ""}
 # a design file outside the repository, a parent directory's shared folder, an issue tracker entry
 OUTSIDE_CITATION = re.compile(r"DESIGN\.md|\.\./shared|\bissues? #?\d+\b", re.IGNORECASE)
@@ -15,10 +14,11 @@ THIS_FILE = Path(__file__).resolve()
 
 
 def _project_files():
-    for path in REPO.rglob("*"):
-        rel = path.relative_to(REPO)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
-            continue
+    """The repository's own files: tracked or about to be (untracked but not ignored), never build output."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        path = REPO / rel
         if path.is_file() and path.suffix in TEXT_SUFFIXES and path.resolve() != THIS_FILE:
             yield path
 
