@@ -80,6 +80,19 @@ def _package_data_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "data"
 
 
+def _cached_file(cache_dir: Path, bpe_file: _BpeFile) -> Path:
+    return cache_dir / hashlib.sha1(bpe_file.url.encode()).hexdigest()  # tiktoken's cache file name
+
+
+def gpt2_bpe_files() -> dict[str, Path]:
+    """The sha256-checked `vocab.bpe` and `encoder.json` (tiktoken's cached copies), by their file names.
+
+    Hugging Face's GPT-2 `merges.txt` and `vocab.json` are these two files (gpt2.hf writes them out).
+    """
+    cache_dir = seed_tiktoken_cache()
+    return {bpe_file.package_file: _cached_file(cache_dir, bpe_file) for bpe_file in GPT2_BPE_FILES}
+
+
 def seed_tiktoken_cache(cache_dir: Path | None = None, source_dir: Path | None = None) -> Path:
     """Copy GPT-2's BPE files into tiktoken's cache unless valid copies are already there.
 
@@ -90,7 +103,7 @@ def seed_tiktoken_cache(cache_dir: Path | None = None, source_dir: Path | None =
     cache_dir = Path(cache_dir) if cache_dir is not None else tiktoken_cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     for bpe_file in GPT2_BPE_FILES:
-        cached = cache_dir / hashlib.sha1(bpe_file.url.encode()).hexdigest()
+        cached = _cached_file(cache_dir, bpe_file)
         if cached.exists() and sha256_file(cached) == bpe_file.sha256:
             continue
         source = Path(source_dir or _package_data_dir()) / bpe_file.package_file
