@@ -135,7 +135,7 @@ def _train_record(run_dir: Path, config: TrainConfig) -> TrainRecord:
 
     metrics = read_metrics(run_dir / "metrics.jsonl")
     figures = training_figures(metrics)
-    curve = plot_loss_curve(metrics, run_dir / "loss_curve.png")
+    curve = plot_loss_curve(metrics, run_dir / "loss_curve.png", f"{run_dir.parent.name}/{run_dir.name}")
     final = CheckpointRecord.of(latest_checkpoint(run_dir), config.model)
     tokens = final.step * config.total_batch_size
     hellaswag = [m for m in metrics if m.get("kind") == "hellaswag"]

@@ -133,6 +133,9 @@ def test_run_streaming_kills_the_whole_process_group_when_interrupted():
     with pytest.raises(Cancelled):
         run_streaming(["bash", "-c", script], on_line, grace_s=2.0)
     grandchild = int(seen[0])
+    deadline = time.monotonic() + 5  # the signal is sent; the grandchild's exit follows asynchronously
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not _alive(grandchild)
 
 
