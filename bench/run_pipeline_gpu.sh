@@ -18,7 +18,8 @@
 # gpt2-evaluate/scheduled evaluates new checkpoints on the CPU (4 threads, CUDA hidden): no GPU memory,
 # no GPU time; its cost to training is measured from the steps that ran during it.
 #
-# Environment: MODE (gpu, or cpu-tiny: a tiny model on one CPU process, a tiny corpus, to check this script
+# Environment: ALONE_STEPS (train-alone runs only this many steps: its tokens/s needs no more than a few dozen),
+# MODE (gpu, or cpu-tiny: a tiny model on one CPU process, a tiny corpus, to check this script
 # on a machine without a GPU), STEPS, EVAL_INTERVAL (default 60 s; cpu-tiny 15 s), WHEELS (default artifacts/gpu-wheels),
 # OUT (default artifacts/gpu-run/out: logs.tar.gz and summary files; at most 8 files), PREFECT_PORT (4200).
 set -euo pipefail
@@ -187,6 +188,7 @@ phase_train_alone() {
     log "gpt2.train alone on $nproc process(es), the config of $run_dir"
     "$python" -m torch.distributed.run --standalone --nproc-per-node="$nproc" -m gpt2.train \
         --config "$run_dir/pipeline_train_config.json" --out-dir "$WORK/alone" --no-resume \
+        ${ALONE_STEPS:+--max-steps "$ALONE_STEPS" --warmup-steps "$(( ALONE_STEPS / 4 ))"} \
         >"$WORK/logs/train_alone.log" 2>&1 || { tail -40 "$WORK/logs/train_alone.log"; exit 1; }
     tail -3 "$WORK/logs/train_alone.log"
 }
