@@ -87,7 +87,9 @@ def png_data_uri(path: str | os.PathLike, max_width: int = CURVE_WIDTH) -> str:
     """A PNG as a `data:` URI, downsampled to `max_width` and to a 64-colour palette (a few tens of KB).
 
     The Prefect UI renders markdown artifacts in the browser, which will not open the `file://` link of a
-    file on the worker's disk; an image inlined this way shows wherever the artifact is viewed.
+    file on the worker's disk; an image inlined this way shows wherever the artifact is viewed (Prefect
+    3.8's default UI lets `data:image/` sources through its markdown sanitizer on purpose, the classic UI
+    passes them as they are).
     """
     from PIL import Image, PngImagePlugin
 

@@ -237,6 +237,33 @@ def test_changed_training_parameter_reruns_training_and_what_follows_only(smoke)
     assert records["train"].checkpoint.content_digest() != smoke.records["train"].checkpoint.content_digest()
 
 
+def test_tokenize_hellaswag_and_init_run_at_the_same_time(smoke, tmp_path, monkeypatch):
+    """Each of the three independent stages waits, inside its work, until the other two have started theirs:
+    run one after another, the first would wait in vain and fail the run."""
+    import threading
+
+    import data.hellaswag
+    import data.shards
+    import gpt2.checkpoint
+    from flows.pipeline import train_flow
+
+    meeting = threading.Barrier(3, timeout=120)
+
+    def meet_then(real):
+        def wrapper(*args, **kwargs):
+            meeting.wait()  # BrokenBarrierError when the others do not start meanwhile
+            return real(*args, **kwargs)
+        return wrapper
+
+    for module, name in ((data.shards, "build_shards"), (data.hellaswag, "prepare"),
+                         (gpt2.checkpoint, "write_initial_checkpoint")):
+        monkeypatch.setattr(module, name, meet_then(getattr(module, name)))
+    flow_run_id, records, _ = run_flow(train_flow, **{**smoke.params, "root": str(tmp_path), "max_steps": 2,
+                                                      "checkpoint_every": 0, "val_every": 0})
+    assert isinstance(records, dict), records
+    assert states(flow_run_id) == {name: "Completed" for name in ("download", "tokenize", "hellaswag", "init", "train")}
+
+
 def test_transient_failure_is_retried_and_succeeds(smoke, tmp_path, monkeypatch):
     import data.hellaswag
     import flows.pipeline
