@@ -139,3 +139,36 @@ def test_tokenize_reports_progress_as_a_prefect_progress_artifact(data_params):
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     assert artifacts and {a.type for a in artifacts} == {"progress"}
     assert {a.data for a in artifacts} == {100.0}  # every tokenize run of this module finished
+
+
+def test_a_hub_download_records_its_resolved_revision_and_reports_progress(data_params, monkeypatch):
+    """The hub is faked at its client (dataset_info, load_dataset); everything else is the real stage."""
+    import sys
+    import types
+
+    import huggingface_hub
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.pipeline import download_flow
+
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines()]
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info",
+                        lambda self, repo_id, revision=None, **kw: types.SimpleNamespace(sha="0123abcd" * 5))
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
+        load_dataset=lambda path, name=None, split=None, streaming=False, revision=None: (
+            {"text": t} for t in texts)))
+    params = {**data_params, "source": "hf://datasets/acme/corpus", "source_config": "small", "limit": 120,
+              "dataset": "hub"}
+    flow_run_id, records, _ = run_flow(download_flow, **params)
+    record = records["download"]
+    assert json.loads(record.identity) == {"hub": "acme/corpus", "config": "small", "revision": "0123abcd" * 5,
+                                           "limit": 120}
+    assert record.num_documents == 120
+    from data.fineweb import iter_documents
+
+    assert list(iter_documents(record.path)) == texts[:120]
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["download-progress-hub"])))
+    assert [a.data for a in artifacts] == [100.0]
