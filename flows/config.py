@@ -28,6 +28,9 @@ class PipelineConfig:
     # model and training
     model: str = "d12"
     seed: int = 42
+    # weights to start from instead of llm.c's init: one of our checkpoints, an llm.c model file or a Hugging
+    # Face GPT-2 directory (continued pretraining, fine-tuning from GPT-2); its shape must be `model`'s
+    init_from: str | None = None
     run_name: str = "gpt2-124m"
     train: dict[str, Any] = field(default_factory=dict)  # gpt2.train_config.TrainConfig fields, e.g. max_steps
     nproc: int | None = None  # processes per node; default one per visible GPU, else 1

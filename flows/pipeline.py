@@ -10,22 +10,21 @@ seconds. `force=True` reruns the stage itself even when its cached output is val
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from common.files import read_json
 from flows.config import PipelineConfig
+from gpt2.run_dir import RunDir
 from tasks.cache import StageRecord
 from tasks.download import download_documents
-from tasks.evaluate import EvalSettings, evaluate_checkpoint, read_evaluation
-from tasks.hellaswag import EvalFileRecord, prepare_hellaswag
-from tasks.init import CheckpointRecord, init_model
+from tasks.evaluate import EvalSettings, evaluate_checkpoint, evaluate_run
+from tasks.hellaswag import prepare_hellaswag
+from tasks.init import init_model
 from tasks.report import run_summary_markdown
 from tasks.sample import sample
-from tasks.tokenize import ShardsRecord, tokenize
+from tasks.tokenize import tokenize
 from tasks.train import train
 
 STAGES = ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")
@@ -66,7 +65,7 @@ class _Stages:
 
     def _init(self) -> StageRecord:
         c = self.config
-        return self._task("init", init_model)(c.model, c.seed, str(c.init_dir))
+        return self._task("init", init_model)(c.model, c.seed, str(c.init_dir), c.init_from)
 
     def _train(self) -> StageRecord:
         c = self.config
@@ -133,14 +132,6 @@ sample_flow = _stage_flow("sample")
 # scheduled evaluation
 
 
-def _run_inputs(run_dir: Path) -> tuple[str, ShardsRecord | None, EvalFileRecord | None]:
-    """(model, val shards, HellaSwag file) of a training run, from the config.json gpt2.train wrote."""
-    config = read_json(run_dir / "config.json")
-    shards = ShardsRecord.from_manifest(Path(config["val_data"]).parent) if config.get("val_data") else None
-    hellaswag = EvalFileRecord.of(config["hellaswag"]) if config.get("hellaswag") else None
-    return config["model"], shards, hellaswag
-
-
 @flow(name="gpt2-evaluate", log_prints=True)
 def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
     """Evaluate every complete checkpoint under `runs_dir` that has not been evaluated yet.
@@ -148,27 +139,6 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
     A checkpoint counts as evaluated once its run's evaluations/ folder holds a result for its exact
     content; results go to the run's TensorBoard log (at the checkpoint's step) and a table artifact.
     """
-    from gpt2.checkpoint import list_checkpoints
-
-    logger = get_run_logger()
-    rows = []
-    for run_dir in sorted({p.parent for p in Path(runs_dir).rglob("checkpoints")}):
-        if not (run_dir / "config.json").exists():
-            logger.info("%s: no config.json yet (training has not started); skipped", run_dir)
-            continue
-        model, shards, hellaswag = _run_inputs(run_dir)
-        for step, path in list_checkpoints(run_dir):
-            done = read_evaluation(path)  # without hashing the checkpoint again
-            evaluated_now = done is None
-            if evaluated_now:
-                try:
-                    checkpoint = CheckpointRecord.of(path, model)
-                except FileNotFoundError:  # pruned by the training run since the listing
-                    continue
-                record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
-                done = {"val_loss": record.val_loss, "hellaswag": record.hellaswag}
-            hs = done["hellaswag"] or {}
-            rows.append({"run": run_dir.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
-                         "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now})
+    rows = [row for run_dir in RunDir.all_under(runs_dir) for row in evaluate_run(run_dir, settings)]
     create_table_artifact(rows, key="gpt2-evaluations", description=f"checkpoints under {runs_dir}")
     return rows
