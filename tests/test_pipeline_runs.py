@@ -40,6 +40,16 @@ def smoke(prefect_server):
     return config, records
 
 
+def artifacts(key: str, flow_run_id) -> list:
+    """The artifacts of a flow run under `key` (earlier runs may have made some under the same key)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
 def _overwrite_1kib(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[100:1124] = bytes(b ^ 0x5A for b in data[100:1124])
@@ -55,8 +65,6 @@ def _truncate(path: Path) -> None:
 ], ids=["state.pt overwritten (1 KiB)", "model.bin truncated", "model.bin deleted", "state.pt truncated"])
 def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(smoke, file_name, corrupt):
     from flows.pipeline import gpt2_pretrain
-    from gpt2.checkpoint import verify_checkpoint
-    from gpt2.run_dir import RunDir
 
     config, first = smoke
     final = Path(first["train"].checkpoint.path)
@@ -67,9 +75,12 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     assert states(flow_run_id)["train"] == "Completed"
     (train_run,) = task_runs(flow_run_id)["train"]
     assert train_run.run_count == 1  # no failed attempts on the corrupt checkpoint
-    run_dir = RunDir(records["train"].run_dir)
-    summary = json.loads(run_dir.summary.read_text())
+    summary = json.loads((Path(records["train"].run_dir) / "summary.json").read_text())
     assert summary["start_step"] == config.train["checkpoint_every"]  # the previous checkpoint, not the corrupt one
+    from gpt2.checkpoint import verify_checkpoint
+    from gpt2.run_dir import RunDir
+
+    run_dir = RunDir(records["train"].run_dir)
     assert len(records["train"].rejected_checkpoints) == 1
     assert f"{final / file_name}" in records["train"].rejected_checkpoints[0]
     record = records["train"].checkpoint
@@ -77,13 +88,8 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     marker = verify_checkpoint(record.path)  # what is recorded verifies, file by file
     assert {Path(f.path).name: f.sha256 for f in record.files} == {n: e["sha256"] for n, e in marker["files"].items()}
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[f"train-summary-{run_dir.root.name}"])))
-    assert "failed verification" in artifacts[0].data and str(final) in artifacts[0].data
+    (artifact,) = artifacts(f"train-summary-{run_dir.root.name}", flow_run_id)
+    assert "failed verification" in artifact.data and str(final) in artifact.data
 
 
 def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smoke, tmp_path):
@@ -138,3 +144,7 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
     metrics = [json.loads(line) for line in (Path(records["train"].run_dir) / "metrics.jsonl").read_text().splitlines()]
     first_loss = next(m["loss"] for m in metrics if m["kind"] == "train")
     assert first_loss == pytest.approx(expected.item(), rel=1e-5)
+
+    # progress followed the metrics file to the end
+    (progress,) = artifacts(f"train-progress-{Path(records['train'].run_dir).name}", flow_run_id)
+    assert float(progress.data) == 100.0

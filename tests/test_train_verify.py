@@ -130,3 +130,13 @@ def test_sample_writes_json(tmp_path):
     model, _ = load_model(config.out_dir)
     expected = sample_text(model, "Hello", 5, num_samples=2, seed=3)  # the same samples, computed here
     assert (result["step"], result["prompt"], result["samples"]) == (1, "Hello", expected)
+
+
+@pytest.mark.parametrize("module", ["gpt2.evaluate", "gpt2.sample"])
+def test_device_has_help_text(module, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit):
+        importlib.import_module(module).build_arg_parser().parse_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--device {auto,cuda,cpu} where the model runs: auto (this rank's GPU when CUDA is available" in help_text
