@@ -10,6 +10,7 @@
       samples/           step_XXXXXXXX.json: text samples of a checkpoint (gpt2.sample --out)
       summary.json       the run's outcome, rewritten at the end of every training session
       loss_curve.png     train and val loss against step (the pipeline's report)
+      hf_step_XXXXXXXX/  a checkpoint exported as a Hugging Face directory (the pipeline's export stage)
       LOCK               held by the training process that writes here (`RunDir.lock`)
 
 Everything that reads or writes a run asks a `RunDir` for the path instead of spelling the layout out.
@@ -101,6 +102,10 @@ class RunDir:
 
     def sample(self, step: int) -> Path:
         return self.samples / f"step_{step:08d}.json"
+
+    def hf_export(self, step: int) -> Path:
+        """Where the pipeline's export stage writes checkpoint `step` as a Hugging Face directory."""
+        return self.root / f"hf_step_{step:08d}"
 
     def checkpoint_dirs(self) -> list[tuple[int, Path]]:
         """(step, path) of every directory named like a checkpoint, finished or not, oldest first."""

@@ -123,7 +123,7 @@ def train(
         log(line)
         progress.poll()
 
-    cmd = torchrun_command("gpt2.train", ["--config", str(run_dir.launch_config)], nproc, rendezvous)
+    cmd = torchrun_command("gpt2.train", ["--config", str(run_dir.launch_config)], nproc, rendezvous, run_id=run_id)
     try:
         run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
@@ -138,7 +138,7 @@ def _train_record(run_dir: RunDir, config: TrainConfig) -> TrainRecord:
     summary = read_json(run_dir.summary)
     metrics = read_metrics(run_dir.metrics)
     figures = training_figures(metrics)
-    curve = plot_loss_curve(metrics, run_dir.loss_curve)
+    curve = plot_loss_curve(metrics, run_dir.loss_curve, f"{run_dir.root.parent.name}/{run_dir.root.name}")
     final = CheckpointRecord.of(summary["checkpoint"], config.model)
     tokens = final.step * config.total_batch_size
     hellaswag = [m for m in metrics if m.get("kind") == "hellaswag"]

@@ -6,7 +6,6 @@ One module-scoped server and smoke run are shared; each test leaves the run's fi
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_pipeline_flows import run_flow, smoke_config, states, task_runs, tensorboard_scalars
+from tests.test_pipeline_flows import run_flow, smoke_params, states, task_runs, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +31,13 @@ def prefect_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smoke(prefect_server):
+    from flows.config import check_settings
     from flows.pipeline import gpt2_pretrain
 
-    config = smoke_config(prefect_server / "artifacts")
-    _, records, _ = run_flow(gpt2_pretrain, config)
+    params = smoke_params(prefect_server / "artifacts")
+    _, records, _ = run_flow(gpt2_pretrain, **params)
     assert isinstance(records, dict), f"smoke pipeline failed: {records!r}"
-    return config, records
+    return params, check_settings(params), records
 
 
 def artifacts(key: str, flow_run_id) -> list:
@@ -66,17 +66,17 @@ def _truncate(path: Path) -> None:
 def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(smoke, file_name, corrupt):
     from flows.pipeline import gpt2_pretrain
 
-    config, first = smoke
+    params, config, first = smoke
     final = Path(first["train"].checkpoint.path)
     corrupt(final / file_name)
 
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, config)
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **params)
     assert isinstance(records, dict), f"the pipeline failed: {records!r}"
     assert states(flow_run_id)["train"] == "Completed"
     (train_run,) = task_runs(flow_run_id)["train"]
     assert train_run.run_count == 1  # no failed attempts on the corrupt checkpoint
     summary = json.loads((Path(records["train"].run_dir) / "summary.json").read_text())
-    assert summary["start_step"] == config.train["checkpoint_every"]  # the previous checkpoint, not the corrupt one
+    assert summary["start_step"] == config.checkpoint_every  # the previous checkpoint, not the corrupt one
     from gpt2.checkpoint import verify_checkpoint
     from gpt2.run_dir import RunDir
 
@@ -84,7 +84,7 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     assert len(records["train"].rejected_checkpoints) == 1
     assert f"{final / file_name}" in records["train"].rejected_checkpoints[0]
     record = records["train"].checkpoint
-    assert record.path == str(final) and record.step == config.train["max_steps"]
+    assert record.path == str(final) and record.step == config.max_steps
     marker = verify_checkpoint(record.path)  # what is recorded verifies, file by file
     assert {Path(f.path).name: f.sha256 for f in record.files} == {n: e["sha256"] for n, e in marker["files"].items()}
 
@@ -96,7 +96,7 @@ def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smo
     from flows.pipeline import gpt2_evaluate
     from gpt2.checkpoint import list_checkpoints
 
-    config, first = smoke
+    _, _, first = smoke
     runs_dir = tmp_path / "runs"
     original = Path(first["train"].run_dir)
     for name in ("run-a", "run-b"):  # two runs whose checkpoints hold the same bytes
@@ -124,11 +124,10 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
     from gpt2.model import GPT
     from gpt2.config import parse_model_spec
 
-    config, first = smoke
+    params, config, first = smoke
     weights = GPT.create(parse_model_spec(config.model), seed=1234)
     hf_dir = export_hf(weights, tmp_path / "hf")
-    changed = dataclasses.replace(config, init_from=str(hf_dir), run_name="smoke-from-hf")
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, changed)
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **{**params, "init_from": str(hf_dir), "run_name": "smoke-from-hf"})
     assert isinstance(records, dict), f"the pipeline failed: {records!r}"
     init = records["init"]
     assert (init.source, init.path) == ("hf", str(hf_dir.resolve()))
@@ -136,7 +135,7 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
         name: sha256_file(hf_dir / name) for name in ("config.json", "model.safetensors")}
 
     # the first batch of the first train shard, as data.loader reads it (rank 0 of 1, B x T + 1 tokens)
-    B, T = config.train["batch_size"], config.train["seq_len"]
+    B, T = config.batch_size, config.seq_len
     shard = sorted(Path(records["tokenize"].out_dir).glob("*_train_*.bin"))[0]
     tokens = torch.from_numpy(np.fromfile(shard, dtype="<u2", offset=1024)[: B * T + 1].astype(np.int64))
     with torch.no_grad():
