@@ -146,7 +146,7 @@ def runs(client, *types):
 with get_client(sync_client=True) as client:
     for run in runs(client, StateType.SCHEDULED, StateType.PENDING):  # not started: not needed any more
         client.set_flow_run_state(run.id, Cancelled(message="the GPU check is over"), force=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 60
     while runs(client, StateType.RUNNING) and time.monotonic() < deadline:
         time.sleep(2)
 PY
