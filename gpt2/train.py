@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from common.files import atomic_path, write_json
 from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate
+from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
 from gpt2.distributed import (
     DistContext, all_reduce_mean, autocast_context, autocast_dtype, gather_objects, setup, teardown,
@@ -172,27 +172,15 @@ def forward_backward(
 ) -> tuple[float, float]:
     """Forward/backward over `grad_accum` micro-batches; returns (loss averaged over ranks, grad norm).
 
-    `model` may be compiled and DDP-wrapped: its parameters are the plain module's, so clipping them clips
-    the plain module's gradients. Gradients are left in place: the caller decides whether to apply them.
+    The step itself is gpt2/step.py's (the benchmark and the numerics check call the same). Gradients
+    are left in place, clipped: the caller decides whether to apply them.
     """
-    model.train()
-    loss_accum = torch.zeros((), device=ctx.device)
-    for micro_step in range(grad_accum):
-        x, y = loader.next_batch()
-        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        last = micro_step == grad_accum - 1
-        # DDP all-reduces gradients in backward; only the last micro-step's backward needs to
-        sync = model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
-        with sync:
-            with autocast_context(ctx.device, config.dtype):
-                _, loss = model(x, y, return_logits=False)
-            loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
-            loss_accum += loss.detach().float()
-            loss.backward()  # .grad is float32 (the parameters are): micro-steps add in float32
-    all_reduce_mean(loss_accum, ctx)
-    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return loss_accum.item(), norm.item()
+    batches = ((x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
+               for x, y in (loader.next_batch() for _ in range(grad_accum)))
+    loss = step_fns.forward_backward(model, batches, grad_accum, ctx.device, config.dtype)
+    all_reduce_mean(loss, ctx)
+    norm = step_fns.clip_gradients(model.parameters(), config.grad_clip)
+    return loss.item(), norm.item()
 
 
 @dataclass
@@ -296,11 +284,7 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
         decision = run.guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
             logger.print(f"step {step + 1}: update skipped: {decision.reason}")
-        else:
-            for group in run.optimizer.param_groups:
-                group["lr"] = lr
-            run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        step_fns.optimizer_step(run.optimizer, lr, skip=decision.skip)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()  # the step's kernels have finished: dt is the step's real time
         dt = time.perf_counter() - t0
