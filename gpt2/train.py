@@ -35,7 +35,7 @@ from gpt2.distributed import (
 )
 from gpt2.guard import OutlierGuard
 from gpt2.model import GPT
-from gpt2.optim import configure_optimizer, lr_at
+from gpt2.optim import configure_optimizer, full_state_dict, lr_at
 from gpt2.sample import sample_text
 from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
 
@@ -205,7 +205,8 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
     else:
         raw_model = ckpt.model_from_state(state, ctx.device, use_kernels=use_kernels)
     optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
-                                    config.eps, fused=ctx.device.type == "cuda")
+                                    config.eps, fused=ctx.device.type == "cuda",
+                                    zero1=config.zero1 and ctx.is_distributed)
     guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
     train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, shuffle=config.shuffle, seed=config.seed)
@@ -354,9 +355,10 @@ def _save(step: int, config: TrainConfig, model_config: GPTConfig, run: _Run, ct
     """Checkpoint after `step` optimizer steps; every rank contributes its loader and RNG state."""
     loader_states = gather_objects(run.train_loader.state_dict(), ctx)  # collective: every rank calls it
     rng_states = gather_objects(ckpt.capture_rng_state(), ctx)
+    optimizer_state = full_state_dict(run.optimizer)  # collective under ZeRO-1
     path = ckpt.checkpoint_path(config.out_dir, step)
     if ctx.is_master:
-        state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": optimizer_state,
                  "guard": run.guard.state_dict(), "loader": loader_states, "rng": rng_states,
                  "world_size": ctx.world_size, "config": config.to_dict(), "model_config": asdict(model_config)}
         ckpt.save_checkpoint(config.out_dir, step, state, run.raw_model, config.model_file_dtype, config.keep_last)
