@@ -268,14 +268,17 @@ def main() -> None:
                         help="override the micro-steps per timed step (steady state is per micro-step)")
     parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps per variant (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile) (default 1)")
-    parser.add_argument("--variants", nargs="+", default=["kernels", "plain"], choices=list(VARIANTS),
-                        help="default: kernels plain")
+    parser.add_argument("--variants", nargs="*", default=["kernels", "plain"], choices=list(VARIANTS),
+                        help="default: kernels plain; none with --variants alone")
     parser.add_argument("--no-kernel-table", action="store_true", help="skip the per-kernel timings")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel-kind profile")
     parser.add_argument("--numerics-steps", type=int, default=50, help="0 skips the numerics check (default 50)")
     parser.add_argument("--extra", nargs="*", default=[], metavar="MODEL:B",
                         help="also time the kernels variant of these, e.g. d24:16 (grad_accum from --total-batch); "
                              "MODEL:B1,B2,... tries each micro-batch in turn and keeps the first that fits")
+    parser.add_argument("--extra-total-batch", type=int, default=None,
+                        help="tokens per optimizer step of the --extra runs (default --total-batch); fewer "
+                             "micro-steps per timed step shorten the run, the per-micro-step rate is the same")
     parser.add_argument("--peer", help="JSON written by bench.peer_nanogpt --out: print each variant's ratio to it")
     parser.add_argument("--section-timeout", type=int, default=300,
                         help="seconds before a part (one variant, the kernel table, ...) is abandoned (default 300)")
@@ -346,7 +349,7 @@ def main() -> None:
         model, batch_sizes = spec.split(":")
 
         def extra_section(model=model, batch_sizes=[int(b) for b in batch_sizes.split(",")]) -> str:
-            r = record(largest_fitting(model, batch_sizes, T, args.total_batch))
+            r = record(largest_fitting(model, batch_sizes, T, args.extra_total_batch or args.total_batch))
             return format_steps([r])
 
         section(f"kernels {model} B in {batch_sizes}", extra_section)
