@@ -1,4 +1,5 @@
-"""Small file helpers shared by every layer: atomic writes, JSON and JSON lines, hashing."""
+"""Small file helpers shared by every layer: atomic writes (files and directories), JSON and JSON lines,
+hashing."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,52 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+TMP_DIR_PREFIX = ".tmp_"  # a directory being assembled by `atomic_directory`; never a finished output
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a directory's entries (new names, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty hidden directory next to `path` to fill; on success make its files durable and rename
+    it to `path` (replacing an existing one), on error delete it.
+
+    A crash leaves at most a `.tmp_*` directory behind (`remove_stale_tmp_dirs` clears them), never a
+    half-written directory under the final name. The caller writes any marker that vouches for the other
+    files last, inside the block.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_DIR_PREFIX}{path.name}_{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        for file in tmp.iterdir():
+            with open(file, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(tmp)
+        if path.exists():  # rename cannot replace a non-empty directory: drop the old copy first
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_stale_tmp_dirs(directory: str | os.PathLike) -> None:
+    """Delete the `.tmp_*` directories that interrupted `atomic_directory` blocks left in `directory`."""
+    for stale in Path(directory).glob(f"{TMP_DIR_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def write_json(path: str | os.PathLike, obj: object) -> None:

@@ -9,15 +9,21 @@ Eval file (llm.c, magic 20240522): a header of 256 int32 `[0]=20240522, [1]=1, [
 [3]=longest example in bytes`, then per example a uint16 stream `65535, example_bytes, index, label, 4,
 ctx_len, ctx..., then 4 x (ending_len, ending...)`, where example_bytes counts the whole example.
 
-CLI: `python -m data.hellaswag --out DIR [--source PATH_OR_URL]` writes DIR/hellaswag_val.jsonl and
-DIR/hellaswag_val.bin.
+Text is text: context and endings are encoded with `encode_ordinary`, so an ending containing
+`<|endoftext|>` is scored as those characters (never as token 50256); llm.c's script, which uses `encode`,
+stops with an error on such an ending, and on every file it accepts the output is identical.
+
+CLI: `python -m data.hellaswag --out DIR [--source PATH_OR_URL]` writes DIR/hellaswag_val.jsonl,
+DIR/hellaswag_val.bin and DIR/manifest.json (source identity, sizes and sha256s).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,12 +35,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from common.files import atomic_path, iter_jsonl_records
+from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
 from data.tokenizer import get_gpt2_encoding
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 JSONL_NAME = "hellaswag_val.jsonl"
 EVAL_NAME = "hellaswag_val.bin"
+MANIFEST = "manifest.json"  # source identity + size and sha256 of the jsonl copy and the eval file
 MAGIC = 20240522
 VERSION = 1
 HEADER_INTS = 256
@@ -60,21 +67,30 @@ class Example:
 # source jsonl
 
 
-def download(dest: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VAL_URL, timeout_s: float = 60) -> Path:
-    """Put the HellaSwag val jsonl at dest/hellaswag_val.jsonl (kept if already there); return its path.
+def _is_url(source: str | os.PathLike) -> bool:
+    """An http(s) URL; anything else is a local path (so a missing file is "not found", never a URL error)."""
+    return urllib.parse.urlparse(str(source)).scheme in ("http", "https")
 
-    source: the URL to download (default: the official val split) or a local jsonl file to copy.
+
+def download(dest: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VAL_URL, timeout_s: float = 60) -> Path:
+    """Put the HellaSwag val jsonl at dest/hellaswag_val.jsonl, validated, and return its path.
+
+    source: an http(s) URL to download (default: the official val split) or a local jsonl file to copy;
+    a local file that does not exist is a FileNotFoundError naming it.
     """
     out = Path(dest) / JSONL_NAME
-    if out.exists():
-        return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    if not _is_url(source) and not Path(source).is_file():
+        raise FileNotFoundError(
+            f"{source}: no such file (looked for {Path(source).absolute()}); the HellaSwag source is a local "
+            f"jsonl file or an http(s) URL"
+        )
     with atomic_path(out) as tmp:
-        if Path(source).is_file():
-            shutil.copyfile(source, tmp)
-        else:
+        if _is_url(source):
             with urllib.request.urlopen(str(source), timeout=timeout_s) as response, open(tmp, "wb") as f:
                 shutil.copyfileobj(response, f)
+        else:
+            shutil.copyfile(source, tmp)
         for _ in iter_jsonl(tmp, name=str(source)):  # validate before it gets the final name
             pass
     return out
@@ -89,11 +105,14 @@ def iter_jsonl(path: str | os.PathLike, name: str | None = None) -> Iterator[dic
             and isinstance(record.get("ctx"), str)
             and len(endings) == NUM_ENDINGS
             and all(isinstance(e, str) for e in endings)
-            and record.get("label") in range(NUM_ENDINGS)
         ):
             raise EvalFileError(
                 f"{where}: expected 'ctx' (string), 'endings' ({NUM_ENDINGS} strings) and 'label' (0-3)"
             )
+        label = record.get("label")
+        # type(...) is int: JSON's true and 1.0 compare equal to 1 but are not labels
+        if type(label) is not int or not 0 <= label < NUM_ENDINGS:
+            raise EvalFileError(f"{where}: 'label' is {json.dumps(label)}, expected an integer 0-{NUM_ENDINGS - 1}")
         yield record
 
 
@@ -176,15 +195,46 @@ def read_eval_file(path: str | os.PathLike) -> list[Example]:
     return examples
 
 
+def _source_sha256(source: str | os.PathLike, recorded: dict) -> str | None:
+    """The identity of a source's bytes without downloading: a local file's sha256; for a URL, the sha256
+    recorded when that same URL was downloaded (a URL is taken to name fixed content), else None."""
+    if not _is_url(source):
+        return sha256_file(source) if Path(source).is_file() else None
+    return recorded.get("source_sha256") if recorded.get("source") == str(source) else None
+
+
+def _intact(out_dir: Path, manifest: dict) -> bool:
+    """Every file the manifest lists is there with its recorded size and sha256."""
+    for name, recorded in manifest["files"].items():
+        path = out_dir / name
+        if not path.is_file() or path.stat().st_size != recorded["size"] or sha256_file(path) != recorded["sha256"]:
+            return False
+    return True
+
+
 def prepare(out_dir: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VAL_URL) -> Path:
-    """Download (or copy) the jsonl and write out_dir/hellaswag_val.bin, unless it exists; return its path."""
-    out = Path(out_dir) / EVAL_NAME
-    if out.exists():
+    """The eval file out_dir/hellaswag_val.bin of `source` (URL or local jsonl); return its path.
+
+    out_dir/manifest.json (written last) records the source, the sha256 of its bytes, and the size and
+    sha256 of the jsonl copy and the eval file. An eval file is kept only if its manifest names a source
+    with the same bytes and both files verify; anything else (another source, an edited one, a damaged
+    file) is downloaded/copied and written again.
+    """
+    out_dir = Path(out_dir)
+    out = out_dir / EVAL_NAME
+    manifest_path = out_dir / MANIFEST
+    recorded = read_json(manifest_path) if manifest_path.exists() else {}
+    source_sha256 = _source_sha256(source, recorded)
+    if recorded and source_sha256 == recorded["source_sha256"] and _intact(out_dir, recorded):
         return out
+    manifest_path.unlink(missing_ok=True)
     jsonl = download(out_dir, source)
     enc = get_gpt2_encoding()
-    examples = [render_example(record, i, enc) for i, record in enumerate(iter_jsonl(jsonl))]
+    examples = [render_example(record, i, enc) for i, record in enumerate(iter_jsonl(jsonl, name=str(source)))]
     write_eval_file(out, examples)
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in (jsonl, out)}
+    write_json(manifest_path, {"source": str(source), "source_sha256": files[JSONL_NAME]["sha256"],
+                               "num_examples": len(examples), "files": files})
     return out
 
 
@@ -255,7 +305,9 @@ def evaluate(
         raise ValueError(f"examples_per_batch must be at least 1, got {examples_per_batch}")
     examples = read_eval_file(eval_path)[:limit][rank::world_size]
     correct = correct_norm = 0
-    with tqdm(total=len(examples), desc="hellaswag", unit="example", disable=not progress or rank != 0) as bar:
+    show = progress and rank == 0
+    # disable=None: off where stderr is not a terminal (a worker's log would fill with carriage returns)
+    with tqdm(total=len(examples), desc="hellaswag", unit="example", disable=None if show else True) as bar:
         for start in range(0, len(examples), examples_per_batch):
             batch = examples[start : start + examples_per_batch]
             tokens, mask = batch_tensors(batch)
@@ -280,10 +332,12 @@ def evaluate(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m data.hellaswag",
-        description="Download HellaSwag val and write llm.c's eval file (hellaswag_val.bin).",
+        description="Download HellaSwag val and write llm.c's eval file (hellaswag_val.bin); a rerun keeps "
+        "the file only if the source's bytes are the same and the files verify.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--out", required=True, type=Path, help="output folder")
-    parser.add_argument("--source", default=HELLASWAG_VAL_URL, help="URL or local jsonl path (default: official val)")
+    parser.add_argument("--source", default=HELLASWAG_VAL_URL, help="http(s) URL or local jsonl path")
     args = parser.parse_args(argv)
     path = prepare(args.out, args.source)
     examples = read_eval_file(path)

@@ -6,9 +6,10 @@ is every document as EOT + `encode_ordinary(text)`, concatenated and cut into sh
 `shard_size` tokens (a document that does not fit continues in the next shard), the last one shorter.
 Shard 0 is the validation split, the rest are training shards: `{name}_{split}_{idx:06d}.bin`.
 
-`build_shards` writes the shards plus `manifest.json` (per shard: file, split, ntok, sha256). Each shard is
-written atomically, and after each one `progress.json` records where in the document stream the next shard
-starts, so an interrupted run resumes there and rewrites only unfinished shards.
+`build_shards` writes the shards plus `manifest.json` (per shard: file, split, ntok, size, sha256), last.
+Each shard is written atomically, and after each one `progress.json` records where in the document stream
+the next shard starts, so an interrupted run resumes there and rewrites only unfinished shards. A rerun
+verifies every shard against the manifest and rebuilds only the bad ones.
 
 CLI: `python -m data.shards --help`.
 """
@@ -18,15 +19,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
+import logging
 import multiprocessing
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from data.fineweb import batched, describe_source, iter_documents
+from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, source_identity
 from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
 from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
@@ -39,6 +41,10 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # finished shards of an interrupted run; gone once manifest.json is written
 TOKENIZER_INFO = {"library": "tiktoken", "encoding": "gpt2", "method": "encode_ordinary", "document_prefix": EOT}
 DOCS_PER_TASK = 128  # documents sent to a worker at a time: large enough to amortize the IPC
+PROGRESS_EVERY = 1000  # documents between two calls of build_shards' progress callback
+
+
+logger = logging.getLogger(__name__)
 
 
 class ShardError(ValueError):
@@ -63,15 +69,33 @@ def _header_bytes(ntok: int) -> bytes:
     return header.tobytes()
 
 
-def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
-    """Write `tokens` (values < 2**16) as an llm.c shard, atomically. Returns the file's sha256."""
+def shard_bytes(path: str | os.PathLike, tokens: np.ndarray) -> bytes:
+    """The llm.c shard file holding `tokens` (values < 2**16); `path` only names it in errors."""
     tokens = np.asarray(tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() >= 2**16):
         raise ValueError(f"{path}: tokens must lie in [0, 65535] to be stored as uint16")
-    data = _header_bytes(tokens.size) + tokens.astype("<u2", copy=False).tobytes()
+    return _header_bytes(tokens.size) + tokens.astype("<u2", copy=False).tobytes()
+
+
+def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
+    """Write `tokens` (values < 2**16) as an llm.c shard, atomically. Returns the file's sha256."""
+    data = shard_bytes(path, tokens)
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
+
+
+def shard_problem(path: str | os.PathLike, record: dict) -> str | None:
+    """None if `path` holds the shard a manifest `record` lists (size, then sha256), else what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        return f"{path}: missing"
+    size, expected = path.stat().st_size, HEADER_BYTES + 2 * record["ntok"]
+    if size != expected:
+        return f"{path}: {size} bytes, the manifest's {record['ntok']} tokens make {expected}"
+    if (actual := sha256_file(path)) != record["sha256"]:
+        return f"{path}: sha256 {actual}, but {MANIFEST} records {record['sha256']} (the bytes changed)"
+    return None
 
 
 def shard_num_tokens(path: str | os.PathLike) -> int:
@@ -158,8 +182,8 @@ class _ShardWriter:
         file = shard_filename(self.name, idx)
         sha256 = write_shard(self.out_dir / file, self.buf[: self.fill])
         self.records.append(
-            {"file": file, "split": shard_split(idx), "ntok": self.fill, "sha256": sha256,
-             "next_document": next_document, "next_offset": next_offset}
+            {"file": file, "split": shard_split(idx), "ntok": self.fill, "size": HEADER_BYTES + 2 * self.fill,
+             "sha256": sha256, "next_document": next_document, "next_offset": next_offset}
         )  # fmt: skip
         self.fill = 0
         write_json(self.out_dir / PROGRESS, {**self.settings, "shards": self.records})
@@ -169,28 +193,57 @@ def _settings(name: str, shard_size: int, source: dict | None) -> dict:
     return {"name": name, "shard_size": shard_size, "source": source, "tokenizer": TOKENIZER_INFO}
 
 
-def _check_settings(path: Path, recorded: dict, settings: dict) -> None:
-    differing = {k: (recorded.get(k), v) for k, v in settings.items() if recorded.get(k) != v}
-    if differing:
-        detail = "; ".join(f"{k}: recorded {old!r}, requested {new!r}" for k, (old, new) in differing.items())
-        raise FileExistsError(f"{path} was written for other settings ({detail}); use another --out folder or delete it")
-
-
-def _finished_shards(out_dir: Path, settings: dict) -> list[dict]:
+def _finished_shards(out_dir: Path, progress: dict, shard_size: int) -> list[dict]:
     """The leading full shards of an interrupted run that are intact on disk (checked by sha256)."""
-    progress_path = out_dir / PROGRESS
-    if not progress_path.exists():
-        return []
-    progress = read_json(progress_path)
-    _check_settings(progress_path, progress, settings)
     finished = []
     for record in progress["shards"]:
-        path = out_dir / record["file"]
         # a short shard is the stream's last one; it is cheap to rewrite and may grow if the stream did
-        if record["ntok"] != settings["shard_size"] or not path.is_file() or sha256_file(path) != record["sha256"]:
+        if record["ntok"] != shard_size or shard_problem(out_dir / record["file"], record):
             break
         finished.append(record)
     return finished
+
+
+def _clear(out_dir: Path, recorded: dict) -> None:
+    """Delete a shard folder's manifest/progress and the shards it lists."""
+    for record in recorded.get("shards", []):
+        (out_dir / record["file"]).unlink(missing_ok=True)
+    for name in (PROGRESS, MANIFEST):
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def _shard_span(records: list[dict], idx: int) -> tuple[int, int, int]:
+    """(first document, token offset in it, end document) of shard `idx`: its tokens are those of
+    documents [first, end), from the offset on."""
+    start_doc, start_offset = (records[idx - 1]["next_document"], records[idx - 1]["next_offset"]) if idx else (0, 0)
+    end_doc = records[idx]["next_document"] + (1 if records[idx]["next_offset"] else 0)
+    return start_doc, start_offset, end_doc
+
+
+def _repair(
+    documents: Iterable[str], out_dir: Path, records: list[dict], bad: list[int], num_workers: int | None
+) -> None:
+    """Rewrite the shards `bad` (ascending indices) from `documents` in one pass over the stream; each must
+    come out with its recorded sha256, else nothing is written for it."""
+    docs, position = iter(documents), 0
+    for idx in bad:
+        start_doc, start_offset, end_doc = _shard_span(records, idx)
+        for _ in itertools.islice(docs, start_doc - position):  # read, not tokenized
+            pass
+        span = list(itertools.islice(docs, end_doc - start_doc))
+        position = end_doc
+        record = records[idx]
+        path = out_dir / record["file"]
+        tokens = np.concatenate([np.empty(0, np.uint16), *tokenize_documents(span, num_workers)])
+        data = shard_bytes(path, tokens[start_offset : start_offset + record["ntok"]])
+        if (actual := hashlib.sha256(data).hexdigest()) != record["sha256"]:
+            raise ShardError(
+                f"{path}: rebuilt from the source, its sha256 is {actual}, but the manifest records "
+                f"{record['sha256']}: the source no longer yields the documents it was built from; rebuild the "
+                f"folder (--replace)"
+            )
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(data)
 
 
 def build_shards(
@@ -200,41 +253,57 @@ def build_shards(
     shard_size: int = DEFAULT_SHARD_SIZE,
     num_workers: int | None = None,
     source: dict | None = None,
+    replace: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Tokenize `documents` into llm.c shards in `out_dir`; return the manifest (also out_dir/manifest.json).
 
-    source: JSON-able description of where the documents come from (see `data.fineweb.describe_source`),
-    stored in the manifest and checked on reruns. If out_dir already holds a finished manifest for the
-    same settings it is returned without touching `documents`; after an interruption, finished shards are
-    kept and `documents` is re-read only to skip past them. The output does not depend on `num_workers`.
+    source: the JSON-able identity of the documents (`data.fineweb.source_identity`), stored in the
+    manifest. Reruns compare identities, not paths:
+    - a finished manifest for the same name, shard_size, source identity and tokenizer: every shard is
+      verified (size, then sha256); intact ones are kept, bad ones (missing, truncated, changed) are
+      rebuilt alone from `documents` (read up to the last bad shard, only its documents tokenized). If
+      all verify, `documents` is not touched.
+    - after an interruption (progress.json), intact finished shards are kept and the build continues.
+    - a folder recorded for another identity or settings is refused (FileExistsError naming what
+      differs), or, with `replace`, cleared and rebuilt.
+    `progress(documents_done)` is called as tokenization goes. The output does not depend on `num_workers`.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = _settings(name, shard_size, source)
-    manifest_path = out_dir / MANIFEST
-    if manifest_path.exists():
-        manifest = read_json(manifest_path)
-        _check_settings(manifest_path, manifest, settings)
-        for record in manifest["shards"]:
-            if shard_num_tokens(out_dir / record["file"]) != record["ntok"]:
-                raise ShardError(f"{out_dir / record['file']}: token count differs from {manifest_path}")
+    remove_stale_tmp_files(out_dir)
+    for path in (out_dir / MANIFEST, out_dir / PROGRESS):
+        if path.exists() and (difference := mismatch(recorded := read_json(path), settings)):
+            refuse_or_clear(path, difference, replace, lambda: _clear(out_dir, recorded))
+    if (out_dir / MANIFEST).exists():
+        manifest = read_json(out_dir / MANIFEST)
+        problems = {i: shard_problem(out_dir / record["file"], record) for i, record in enumerate(manifest["shards"])}
+        bad = [i for i, problem in problems.items() if problem]
+        for i in bad:
+            logger.warning("%s; rebuilding this shard", problems[i])
+        if bad:
+            _repair(documents, out_dir, manifest["shards"], bad, num_workers)
         return manifest
 
-    remove_stale_tmp_files(out_dir)
-    finished = _finished_shards(out_dir, settings)
+    progress_path = out_dir / PROGRESS
+    finished = _finished_shards(out_dir, read_json(progress_path), shard_size) if progress_path.exists() else []
     writer = _ShardWriter(out_dir, settings, finished)
     start_doc, start_offset = (finished[-1]["next_document"], finished[-1]["next_offset"]) if finished else (0, 0)
     remaining = itertools.islice(documents, start_doc, None)  # finished documents are read, not tokenized
 
     num_documents = start_doc
-    with tqdm(unit="tok", unit_scale=True, desc=f"tokenize {name}", initial=len(finished) * shard_size) as bar:
+    with tqdm(unit="tok", unit_scale=True, desc=f"tokenize {name}", initial=len(finished) * shard_size,
+              disable=None) as bar:  # None: off where stderr is not a terminal (a worker's log)
         for doc_idx, tokens in enumerate(tokenize_documents(remaining, num_workers), start=start_doc):
             offset = start_offset if doc_idx == start_doc else 0
             writer.add(tokens[offset:], doc_idx, offset)
             bar.update(len(tokens) - offset)
             num_documents = doc_idx + 1
+            if progress and num_documents % PROGRESS_EVERY == 0:
+                progress(num_documents)
         if writer.fill:
             writer.flush(num_documents, 0)
 
@@ -244,8 +313,10 @@ def build_shards(
         "num_tokens": sum(r["ntok"] for r in writer.records),
         "shards": writer.records,
     }
-    write_json(manifest_path, manifest)
+    write_json(out_dir / MANIFEST, manifest)
     (out_dir / PROGRESS).unlink(missing_ok=True)
+    if progress:
+        progress(num_documents)
     return manifest
 
 
@@ -257,34 +328,46 @@ def build_shards_from_source(
     limit: int | None = None,
     shard_size: int = DEFAULT_SHARD_SIZE,
     num_workers: int | None = None,
+    replace: bool = False,
+    progress: Callable[[int], None] | None = None,
 ) -> dict:
-    """`build_shards` over `data.fineweb.iter_documents(source, config, limit)` (hub id or local folder)."""
+    """`build_shards` over `data.fineweb.iter_documents(source, config, limit)` (hub dataset or local files),
+    identified by `source_identity` (a hub dataset is read at the revision resolved now)."""
+    identity = source_identity(source, config, limit)
     return build_shards(
-        iter_documents(source, config, limit),
+        iter_documents(source, config, limit, revision=identity.get("revision")),
         out_dir,
         name,
         shard_size=shard_size,
         num_workers=num_workers,
-        source=describe_source(source, config, limit),
+        source=identity,
+        replace=replace,
+        progress=progress,
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m data.shards",
-        description="Tokenize documents (GPT-2, EOT-prefixed) into llm.c .bin token shards plus manifest.json.",
+        description="Tokenize documents (GPT-2, EOT-prefixed) into llm.c .bin token shards plus manifest.json. "
+        "A rerun verifies every shard and rebuilds only the bad ones.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--source", required=True, help="hub id (e.g. HuggingFaceFW/fineweb) or local parquet/jsonl folder")
+    parser.add_argument("--source", required=True,
+                        help="local parquet/jsonl folder or file, or hub dataset: HuggingFaceFW/NAME or "
+                        "hf://datasets/OWNER/NAME")
     parser.add_argument("--config", default=None, help="hub dataset config, e.g. sample-10BT")
     parser.add_argument("--out", required=True, type=Path, help="output folder for the shards and manifest.json")
     parser.add_argument("--name", default="fineweb", help="shard name prefix: {name}_{split}_{idx:06d}.bin")
     parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first LIMIT documents")
-    parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: all cores)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first LIMIT documents (None: all)")
+    parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (None: all cores)")
+    parser.add_argument("--replace", action="store_true",
+                        help="rebuild a folder written for another source content or other settings")
     args = parser.parse_args(argv)
     manifest = build_shards_from_source(
         args.source, args.out, args.name, config=args.config, limit=args.limit,
-        shard_size=args.shard_size, num_workers=args.workers,
+        shard_size=args.shard_size, num_workers=args.workers, replace=args.replace,
     )  # fmt: skip
     print(f"{len(manifest['shards'])} shards, {manifest['num_tokens']:,} tokens in {args.out}")
 

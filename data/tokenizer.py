@@ -27,6 +27,7 @@ import tiktoken
 from common.files import atomic_path, sha256_file
 
 EOT = 50256  # <|endoftext|>: prefixes every document in the token shards
+VOCAB_SIZE = EOT + 1  # GPT-2's token ids are 0..50256
 _EOT_ARRAY = np.array([EOT], dtype=np.uint32)  # same dtype as encode_to_numpy's output
 
 
@@ -79,6 +80,19 @@ def _package_data_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "data"
 
 
+def _cached_file(cache_dir: Path, bpe_file: _BpeFile) -> Path:
+    return cache_dir / hashlib.sha1(bpe_file.url.encode()).hexdigest()  # tiktoken's cache file name
+
+
+def gpt2_bpe_files() -> dict[str, Path]:
+    """The sha256-checked `vocab.bpe` and `encoder.json` (tiktoken's cached copies), by their file names.
+
+    Hugging Face's GPT-2 `merges.txt` and `vocab.json` are these two files (gpt2.hf writes them out).
+    """
+    cache_dir = seed_tiktoken_cache()
+    return {bpe_file.package_file: _cached_file(cache_dir, bpe_file) for bpe_file in GPT2_BPE_FILES}
+
+
 def seed_tiktoken_cache(cache_dir: Path | None = None, source_dir: Path | None = None) -> Path:
     """Copy GPT-2's BPE files into tiktoken's cache unless valid copies are already there.
 
@@ -89,7 +103,7 @@ def seed_tiktoken_cache(cache_dir: Path | None = None, source_dir: Path | None =
     cache_dir = Path(cache_dir) if cache_dir is not None else tiktoken_cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     for bpe_file in GPT2_BPE_FILES:
-        cached = cache_dir / hashlib.sha1(bpe_file.url.encode()).hexdigest()
+        cached = _cached_file(cache_dir, bpe_file)
         if cached.exists() and sha256_file(cached) == bpe_file.sha256:
             continue
         source = Path(source_dir or _package_data_dir()) / bpe_file.package_file
@@ -118,17 +132,28 @@ def get_gpt2_encoding() -> tiktoken.Encoding:
     return tiktoken.get_encoding("gpt2")
 
 
+def _encode_ordinary_to_numpy(enc: tiktoken.Encoding, text: str) -> np.ndarray:
+    """`enc.encode_ordinary(text)` as a uint32 array, including its handling of text that is not valid
+    UTF-8 (a lone surrogate, which JSON can hold as "\\ud83d"): each such code point becomes U+FFFD."""
+    try:
+        return enc.encode_to_numpy(text, disallowed_special=())
+    except UnicodeEncodeError:  # the same repair as tiktoken's encode_ordinary
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return enc.encode_to_numpy(text, disallowed_special=())
+
+
 def encode_documents(texts: Iterable[str], enc: tiktoken.Encoding | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Tokens of documents as the shards store them, back to back, and each document's token count.
 
     Each document is EOT followed by `encode_ordinary(text)` (text that looks like a special token is
-    encoded as plain text). Returns (uint16 tokens, int64 lengths).
+    encoded as plain text; a lone surrogate becomes U+FFFD, as encode_ordinary does). Returns (uint16
+    tokens, int64 lengths).
     """
     enc = enc or get_gpt2_encoding()
     pieces = []
     for text in texts:
         # encode_to_numpy with nothing special allowed or disallowed == encode_ordinary, minus the list of ints
-        pieces += [_EOT_ARRAY, enc.encode_to_numpy(text, disallowed_special=())]
+        pieces += [_EOT_ARRAY, _encode_ordinary_to_numpy(enc, text)]
     if not pieces:
         return np.empty(0, dtype=np.uint16), np.empty(0, dtype=np.int64)
     lengths = np.array([len(p) for p in pieces[1::2]], dtype=np.int64) + 1

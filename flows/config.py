@@ -1,43 +1,85 @@
-"""The pipeline's one typed config (a flow parameter) and where each stage puts its output."""
+"""The pipeline's settings: every flow parameter, typed, one level deep, and where each stage puts its output.
+
+The flows take each setting as a parameter of its own (`root`, `source`, ..., `max_steps`, `lr`, ...),
+so `prefect deployment run gpt2-pretrain/smoke --param max_steps=30` changes one value and keeps every
+other value of the deployment. The training fields are generated from `gpt2.train_config.TrainConfig`
+(one owner): a field added there is a pipeline parameter at once. Their default, None, means
+"gpt2.train's default".
+
+`eval` and `rendezvous` are the only nested parameters; a partial value (`--param eval='{"device": "cpu"}'`)
+is merged into the deployment's, field by field (`merge_with_deployment`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
-from dataclasses import dataclass, field
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from data.hellaswag import HELLASWAG_VAL_URL
+from gpt2.train_config import TrainConfig
 from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
 
+# TrainConfig fields the pipeline fills in from its own settings and stages, never set as training settings
+WIRED = ("model", "seed", "train_data", "val_data", "hellaswag", "out_dir")
 
-@dataclass(frozen=True)
-class PipelineConfig:
+
+class _PipelineFields(BaseModel):
     """Defaults: llm.c's GPT-2 (124M) run on FineWeb sample-10BT. Every output goes under `root`."""
 
-    root: str = "artifacts"
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    root: str = Field("artifacts", description="every output goes under this folder")
+    run_name: str = Field("gpt2-124m", description="runs go to root/runs/<run_name>/<run id>/")
     # documents and shards
-    source: str = "HuggingFaceFW/fineweb"  # hub id, or a local folder/file of parquet/jsonl (offline)
-    source_config: str | None = "sample-10BT"
-    limit: int | None = None  # use only the first `limit` documents
-    dataset: str = "fineweb10B"  # shard name prefix and folder name
-    shard_size: int = 10**8
-    tokenize_workers: int | None = None  # default: all cores; does not change the shards
-    hellaswag_source: str | None = HELLASWAG_VAL_URL  # URL or local jsonl; None: no HellaSwag
-    # model and training
-    model: str = "d12"
-    seed: int = 42
-    run_name: str = "gpt2-124m"
-    train: dict[str, Any] = field(default_factory=dict)  # gpt2.train_config.TrainConfig fields, e.g. max_steps
-    nproc: int | None = None  # processes per node; default one per visible GPU, else 1
-    rendezvous: Rendezvous = Rendezvous()  # torchrun across machines (docs/pipeline.md)
-    train_timeout_s: float | None = None
-    # evaluation and sampling
-    eval: EvalSettings = EvalSettings()
-    sample_prompt: str = "Hello, I'm a language model,"
-    num_samples: int = 4
-    sample_tokens: int = 64
+    source: str = Field("HuggingFaceFW/fineweb",
+                        description="hub dataset id, or a local folder/file of parquet/jsonl documents (offline)")
+    source_config: Optional[str] = Field("sample-10BT", description="hub dataset config; null for a local source")
+    limit: Optional[int] = Field(None, ge=1, description="use only the first `limit` documents")
+    dataset: str = Field("fineweb10B", description="shard name prefix and folder name")
+    shard_size: int = Field(10**8, ge=1, description="tokens per shard")
+    tokenize_workers: Optional[int] = Field(None, ge=1, description="tokenizer processes (default: all cores)")
+    hellaswag_source: Optional[str] = Field(HELLASWAG_VAL_URL, description="URL or local jsonl; null: no HellaSwag")
+    # model
+    model: str = Field("d12", description="model descriptor (d12, ...) or 'n_layer=..,n_head=..,n_embd=..,block_size=..'")
+    seed: int = Field(42, description="seed of the weight init (PyTorch RNG order) and of sampling")
+    # launching
+    nproc: Optional[int] = Field(None, ge=1, description="processes per node; default one per visible GPU, else 1")
+    rendezvous: Rendezvous = Field(Rendezvous(), description="torchrun across machines (docs/pipeline.md)")
+    train_timeout_s: Optional[float] = Field(None, gt=0, description="kill training after this long (not retried)")
+    # final evaluation and samples (prompt and length: the training settings sample_prompt, sample_tokens)
+    eval: EvalSettings = Field(EvalSettings(), description="how checkpoints are evaluated")
+    num_samples: int = Field(4, ge=1, description="samples of the final checkpoint")
+
+
+def _training_fields() -> dict[str, Any]:
+    """TrainConfig's fields (less WIRED) as optional pydantic fields; None: gpt2.train's default."""
+    types = typing.get_type_hints(TrainConfig)
+    return {
+        f.name: (Optional[types[f.name]], Field(None, description=f"{f.metadata['help']} (gpt2.train default: {f.default})"))
+        for f in dataclasses.fields(TrainConfig) if f.name not in WIRED
+    }
+
+
+class PipelineSettings(create_model("_Settings", __base__=_PipelineFields, **_training_fields())):
+    """Every setting of the pipeline: its own fields, then gpt2.train's (TrainConfig) fields."""
+
+    @property
+    def train(self) -> dict[str, Any]:
+        """The training settings given (TrainConfig fields); the others keep gpt2.train's defaults."""
+        return {name: getattr(self, name) for name in training_setting_names() if getattr(self, name) is not None}
+
+    def training_value(self, name: str) -> Any:
+        """A training setting as gpt2.train will see it: the value given, else its default."""
+        value = getattr(self, name)
+        return getattr(TrainConfig(), name) if value is None else value
 
     @property
     def documents_dir(self) -> Path:
@@ -59,3 +101,68 @@ class PipelineConfig:
     @property
     def runs_dir(self) -> Path:
         return Path(self.root) / "runs" / self.run_name
+
+
+def training_setting_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in WIRED]
+
+
+class SettingsError(ValueError):
+    """A setting that cannot work; the message names the parameter and what is wrong."""
+
+
+def settings_parameters(extra: tuple[inspect.Parameter, ...] = ()) -> Callable[[Callable], Callable]:
+    """Give a flow function `fn(**parameters)` the signature of PipelineSettings' fields (keyword-only).
+
+    Prefect builds the parameter form, the schema the server checks runs against and the binding of a
+    run's parameters from this signature, so every setting is a typed parameter of its own.
+    """
+    def decorate(fn: Callable) -> Callable:
+        params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
+                                    annotation=field.annotation)
+                  for name, field in PipelineSettings.model_fields.items()]
+        fn.__signature__ = inspect.Signature([*params, *extra])
+        return fn
+
+    return decorate
+
+
+def merge_with_deployment(parameters: dict[str, Any], deployment: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's parameters over its deployment's, nested ones (`eval`, `rendezvous`) merged field by field.
+
+    Prefect merges a run's parameters into its deployment's one level deep, so `--param eval='{...}'`
+    would replace the deployment's whole `eval`; this restores the deployment's other fields.
+    """
+    merged = dict(parameters)
+    for name, value in (deployment or {}).items():
+        if isinstance(value, dict) and isinstance(merged.get(name), dict):
+            merged[name] = {**value, **merged[name]}
+    return merged
+
+
+def check_settings(parameters: dict[str, Any]) -> PipelineSettings:
+    """Validate every setting, training ones included, before any stage runs; errors name the parameter."""
+    try:
+        settings = PipelineSettings.model_validate(parameters)
+    except ValidationError as e:
+        problems = [f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})" for err in e.errors()]
+        raise SettingsError("invalid pipeline settings:\n  - " + "\n  - ".join(problems)) from None
+    _check_training(settings)
+    return settings
+
+
+def _check_training(settings: PipelineSettings) -> None:
+    """gpt2.train's own checks (batch divisibility, warmup <= steps, model shape, ...) on the settings.
+
+    The shards and the eval file do not exist before their stages run: the data fields point at this
+    file here, so everything else is checked now; the train stage checks them again with the real data.
+    """
+    from gpt2.train_config import validate
+
+    from tasks.launch import visible_gpus
+
+    placeholder = __file__
+    config = TrainConfig(**settings.train, model=settings.model, seed=settings.seed, train_data=placeholder,
+                         val_data=placeholder, hellaswag=placeholder if settings.hellaswag_source else None)
+    world_size = (settings.nproc or max(1, visible_gpus())) * settings.rendezvous.nnodes
+    validate(config, world_size=world_size)

@@ -4,116 +4,167 @@
     hellaswag ────────────┼-> train -> evaluate, sample
     init ─────────────────┘
 
-A stage flow runs its stage and whatever it needs; the needed stages normally come from cache in
-seconds. `force=True` reruns the stage itself even when its cached output is valid.
+Stages that do not depend on each other run at the same time (task futures). A stage flow runs its stage
+and whatever it needs; the needed stages normally come from cache in seconds. `force=True` reruns the
+stage itself even when its cached output is valid. Every flow validates all its settings first
+(flows.config.check_settings), and kills the processes it started when it ends abnormally
+(tasks.launch.stop_children_on_exit).
 """
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.context import FlowRunContext
+from prefect.futures import PrefectFuture
 
 from common.files import read_json
-from flows.config import PipelineConfig
+from flows.config import PipelineSettings, check_settings, merge_with_deployment, settings_parameters
 from tasks.cache import StageRecord
 from tasks.download import download_documents
 from tasks.evaluate import EvalSettings, evaluate_checkpoint, read_evaluation
 from tasks.hellaswag import EvalFileRecord, prepare_hellaswag
 from tasks.init import CheckpointRecord, init_model
+from tasks.launch import stop_children_on_exit
 from tasks.report import run_summary_markdown
 from tasks.sample import sample
 from tasks.tokenize import ShardsRecord, tokenize
-from tasks.train import train
+from tasks.train import TrainRecord, train
 
 STAGES = ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")
+INPUTS = {  # the stages each stage takes the output of: the DAG above
+    "download": (), "tokenize": ("download",), "hellaswag": (), "init": (),
+    "train": ("tokenize", "hellaswag", "init"), "evaluate": ("train", "tokenize", "hellaswag"), "sample": ("train",),
+}
+Future = PrefectFuture | None  # None: a stage that is switched off (no HellaSwag source)
 
 
-class _Stages:
-    """Runs stages on demand, each at most once per flow run, in dependency order."""
+def resolved_settings(parameters: dict[str, Any]) -> PipelineSettings:
+    """The flow run's settings, validated; a deployment run's nested values merged into the deployment's."""
+    context = FlowRunContext.get()
+    run = context.flow_run if context else None
+    if run is not None and run.deployment_id is not None:
+        from prefect.client.orchestration import get_client
 
-    def __init__(self, config: PipelineConfig, force: str | None = None):
+        with get_client(sync_client=True) as client:
+            deployment = client.read_deployment(run.deployment_id).parameters
+        parameters = {**parameters, **merge_with_deployment(run.parameters, deployment)}
+    settings = check_settings(parameters)
+    get_run_logger().info("settings: %s", settings.model_dump_json(exclude_none=True))
+    return settings
+
+
+class Stages:
+    """Submits each stage's task with its settings wired in; returns futures, so independent stages overlap."""
+
+    def __init__(self, settings: PipelineSettings, force: str | None = None):
         if force is not None and force not in STAGES:
             raise ValueError(f"force={force!r} is not a stage; stages: {', '.join(STAGES)}")
-        self.config = config
+        self.s = settings
         self.force = force
-        self.records: dict[str, StageRecord | None] = {}
 
     def _task(self, name: str, task_obj: Any) -> Any:
         return task_obj.with_options(refresh_cache=True) if name == self.force else task_obj
 
-    def get(self, name: str) -> StageRecord | None:
-        if name not in self.records:
-            self.records[name] = getattr(self, f"_{name}")()
-        return self.records[name]
+    def download(self) -> PrefectFuture:
+        s = self.s
+        return self._task("download", download_documents).submit(s.source, s.source_config, str(s.documents_dir),
+                                                                  s.limit)
 
-    def _download(self) -> StageRecord:
-        c = self.config
-        return self._task("download", download_documents)(c.source, c.source_config, str(c.documents_dir), c.limit)
+    def tokenize(self, documents: PrefectFuture) -> PrefectFuture:
+        s = self.s
+        return self._task("tokenize", tokenize).submit(documents, str(s.shards_dir), s.dataset, s.shard_size, s.limit,
+                                                       s.tokenize_workers)
 
-    def _tokenize(self) -> StageRecord:
-        c = self.config
-        return self._task("tokenize", tokenize)(self.get("download"), str(c.shards_dir), c.dataset, c.shard_size,
-                                                c.limit, c.tokenize_workers)
-
-    def _hellaswag(self) -> StageRecord | None:
-        c = self.config
-        if c.hellaswag_source is None:
+    def hellaswag(self) -> Future:
+        s = self.s
+        if s.hellaswag_source is None:
             return None
-        return self._task("hellaswag", prepare_hellaswag)(c.hellaswag_source, str(c.hellaswag_dir))
+        return self._task("hellaswag", prepare_hellaswag).submit(s.hellaswag_source, str(s.hellaswag_dir))
 
-    def _init(self) -> StageRecord:
-        c = self.config
-        return self._task("init", init_model)(c.model, c.seed, str(c.init_dir))
+    def init(self) -> PrefectFuture:
+        s = self.s
+        return self._task("init", init_model).submit(s.model, s.seed, str(s.init_dir))
 
-    def _train(self) -> StageRecord:
-        c = self.config
+    def train(self, shards: PrefectFuture, hellaswag: Future, init: PrefectFuture) -> PrefectFuture:
+        s = self.s
         task_obj = self._task("train", train)
-        if c.train_timeout_s:
-            task_obj = task_obj.with_options(timeout_seconds=c.train_timeout_s)
-        return task_obj(self.get("tokenize"), self.get("hellaswag"), self.get("init"), c.seed, dict(c.train),
-                        str(c.runs_dir), c.nproc, c.rendezvous)
+        if s.train_timeout_s:
+            task_obj = task_obj.with_options(timeout_seconds=s.train_timeout_s)
+        return task_obj.submit(shards, hellaswag, init, s.seed, s.train, str(s.runs_dir), s.nproc, s.rendezvous)
 
-    def _evaluate(self) -> StageRecord:
-        return self._task("evaluate", evaluate_checkpoint)(self.get("train").checkpoint, self.get("tokenize"),
-                                                           self.get("hellaswag"), self.config.eval)
+    def evaluate(self, run: PrefectFuture, shards: PrefectFuture, hellaswag: Future) -> PrefectFuture:
+        checkpoint = run.result().checkpoint
+        return self._task("evaluate", evaluate_checkpoint).submit(checkpoint, shards, hellaswag, self.s.eval)
 
-    def _sample(self) -> StageRecord:
-        c = self.config
-        return self._task("sample", sample)(self.get("train").checkpoint, c.sample_prompt, c.num_samples,
-                                            c.sample_tokens, c.seed, c.eval.device)
+    def sample(self, run: PrefectFuture) -> PrefectFuture:
+        s = self.s
+        return self._task("sample", sample).submit(run.result().checkpoint, s.training_value("sample_prompt"),
+                                                   s.num_samples, s.training_value("sample_tokens"), s.seed,
+                                                   s.eval.device)
 
 
-def run_stage(config: PipelineConfig, stage: str, force: bool = False) -> dict[str, StageRecord | None]:
-    """Run `stage` and what it needs; returns the records of every stage that ran, by stage name."""
-    stages = _Stages(config, force=stage if force else None)
-    stages.get(stage)
-    return stages.records
+def _results(futures: dict[str, Future]) -> dict[str, StageRecord | None]:
+    return {name: None if future is None else future.result() for name, future in futures.items()}
 
 
 @flow(name="gpt2-pretrain", log_prints=True)
-def gpt2_pretrain(config: PipelineConfig = PipelineConfig()) -> dict[str, StageRecord | None]:
+@settings_parameters()
+def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
     """Every stage: download -> tokenize, HellaSwag, init -> train -> final evaluation and samples."""
-    stages = _Stages(config)
-    for name in STAGES:
-        stages.get(name)
-    run, evaluation = stages.records["train"], stages.records["evaluate"]
+    s = resolved_settings(parameters)
+    with stop_children_on_exit():
+        stages = Stages(s)
+        hellaswag = stages.hellaswag()
+        init = stages.init()
+        docs = stages.download()
+        shards = stages.tokenize(docs)
+        run = stages.train(shards, hellaswag, init)
+        evaluation = stages.evaluate(run, shards, hellaswag)
+        samples = stages.sample(run)
+        records = _results(dict(download=docs, tokenize=shards, hellaswag=hellaswag, init=init, train=run,
+                                evaluate=evaluation, sample=samples))
+    _summary_artifact(s, records["train"], records["evaluate"])
+    return records
+
+
+def _summary_artifact(s: PipelineSettings, run: TrainRecord, evaluation: Any) -> None:
     hellaswag = evaluation.hellaswag["acc_norm"] if evaluation.hellaswag else None
     figures = {"train_loss": run.train_loss, "val_loss": evaluation.val_loss, "tokens_per_s": run.tokens_per_s,
                "mfu": run.mfu}
     create_markdown_artifact(
-        run_summary_markdown(f"gpt2-pretrain: {config.run_name}", run.run_dir, run.steps, run.tokens, figures,
+        run_summary_markdown(f"gpt2-pretrain: {s.run_name}", run.run_dir, run.steps, run.tokens, figures,
                              hellaswag, run.loss_curve),
         key="gpt2-pretrain-summary", description="the run beside the reference points",
     )
-    return stages.records
+
+
+def run_stage(settings: PipelineSettings, stage: str, force: bool = False) -> dict[str, StageRecord | None]:
+    """Run `stage` and the stages it needs (INPUTS); returns the records of every stage that ran, by name."""
+    stages = Stages(settings, force=stage if force else None)
+    futures: dict[str, Future] = {}
+
+    def submit(name: str) -> Future:
+        if name not in futures:
+            futures[name] = getattr(stages, name)(*[submit(needed) for needed in INPUTS[name]])
+        return futures[name]
+
+    submit(stage)
+    return _results(futures)
 
 
 def _stage_flow(stage: str, name: str | None = None):
-    def stage_flow(config: PipelineConfig = PipelineConfig(), force: bool = False) -> dict[str, StageRecord | None]:
-        return run_stage(config, stage, force)
+    force_parameter = inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool)
+
+    @settings_parameters(extra=(force_parameter,))
+    def stage_flow(force: bool = False, **parameters: Any) -> dict[str, StageRecord | None]:
+        settings = resolved_settings(parameters)
+        with stop_children_on_exit():
+            return run_stage(settings, stage, force)
 
     stage_flow.__doc__ = f"The {stage} stage alone (what it needs comes from cache); force=True reruns it."
     stage_flow.__name__ = f"{stage}_flow"
@@ -148,11 +199,18 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
     A checkpoint counts as evaluated once its run's evaluations/ folder holds a result for its exact
     content; results go to the run's TensorBoard log (at the checkpoint's step) and a table artifact.
     """
+    logger = get_run_logger()
+    with stop_children_on_exit():
+        rows = _evaluate_new_checkpoints(Path(runs_dir), settings, logger)
+    create_table_artifact(rows, key="gpt2-evaluations", description=f"checkpoints under {runs_dir}")
+    return rows
+
+
+def _evaluate_new_checkpoints(runs_dir: Path, settings: EvalSettings, logger: Any) -> list[dict[str, Any]]:
     from gpt2.checkpoint import list_checkpoints
 
-    logger = get_run_logger()
     rows = []
-    for run_dir in sorted({p.parent for p in Path(runs_dir).rglob("checkpoints")}):
+    for run_dir in sorted({p.parent for p in runs_dir.rglob("checkpoints")}):
         if not (run_dir / "config.json").exists():
             logger.info("%s: no config.json yet (training has not started); skipped", run_dir)
             continue
@@ -170,5 +228,4 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
             hs = done["hellaswag"] or {}
             rows.append({"run": run_dir.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
                          "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now})
-    create_table_artifact(rows, key="gpt2-evaluations", description=f"checkpoints under {runs_dir}")
     return rows

@@ -13,12 +13,19 @@ def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
-# llm.c's GPT-2 descriptors: depth -> (channels, heads); max_seq_len 1024
-_GPT2_SHAPES = {6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}
-# llm.c's GPT-3 descriptors: channels -> depth; head size 64 except c1536 (96) and c2048 (128)
-_GPT3_DEPTHS = {768: 12, 1024: 24, 1536: 24, 2048: 24, 2560: 32, 4096: 32, 5120: 40, 12288: 96}
-_GPT3_HEAD_SIZE = {1536: 96, 2048: 128}
-
+# llm.c's descriptor tables (train_gpt2.cu), exactly; vocab 50257 padded to 50304 for all of them.
+# GPT-2 family `dN` (or `gpt2:dN`), max_seq_len 1024: depth -> (channels, heads). d6, d60, d72, d84 are
+# llm.c's unofficial sizes.
+_GPT2_SHAPES = {
+    6: (384, 6), 12: (768, 12), 24: (1024, 16), 36: (1280, 20), 48: (1600, 25),
+    60: (1920, 30), 72: (2880, 30), 84: (3456, 36),
+}  # fmt: skip
+# GPT-3 family `gpt3:cN`, max_seq_len 2048: channels -> (depth, head size); heads = channels / head size.
+# llm.c also lists c5140 (13B), which its own assert rejects (5140 is not a multiple of 128): left out.
+_GPT3_SHAPES = {
+    384: (6, 64), 768: (12, 64), 1024: (24, 64), 1536: (24, 96), 2048: (24, 128),
+    2560: (32, 80), 4096: (32, 128), 12288: (96, 128),
+}  # fmt: skip
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -48,16 +55,16 @@ class GPTConfig:
 
     @classmethod
     def from_descriptor(cls, descriptor: str) -> "GPTConfig":
-        """`d6 d12 d24 d36 d48` (GPT-2) or `gpt3:cN` (GPT-3 family), as llm.c names them."""
-        if m := re.fullmatch(r"d(\d+)", descriptor):
+        """`dN` or `gpt2:dN` (GPT-2 family, N layers) or `gpt3:cN` (GPT-3 family, N channels), as llm.c names them."""
+        if m := re.fullmatch(r"(?:gpt2:)?d(\d+)", descriptor):
             depth = int(m.group(1))
             if depth in _GPT2_SHAPES:
                 channels, heads = _GPT2_SHAPES[depth]
                 return cls(n_layer=depth, n_head=heads, n_embd=channels, block_size=1024)
         elif m := re.fullmatch(r"gpt3:c(\d+)", descriptor):
             channels = int(m.group(1))
-            if channels in _GPT3_DEPTHS:
-                heads = channels // _GPT3_HEAD_SIZE.get(channels, 64)
-                return cls(n_layer=_GPT3_DEPTHS[channels], n_head=heads, n_embd=channels, block_size=2048)
-        known = [f"d{d}" for d in _GPT2_SHAPES] + [f"gpt3:c{c}" for c in _GPT3_DEPTHS]
+            if channels in _GPT3_SHAPES:
+                depth, head_size = _GPT3_SHAPES[channels]
+                return cls(n_layer=depth, n_head=channels // head_size, n_embd=channels, block_size=2048)
+        known = [f"d{d}" for d in _GPT2_SHAPES] + [f"gpt3:c{c}" for c in _GPT3_SHAPES]
         raise ValueError(f"unknown model descriptor {descriptor!r}; known: {', '.join(known)}")

@@ -2,20 +2,26 @@
 
 Hugging Face GPT-2 stores its linear weights as Conv1D, i.e. (in, out): the transpose of our
 nn.Linear (out, in). Its vocabulary is not padded, and its lm_head is tied to wte and not stored.
-Export writes config.json + model.safetensors without needing transformers; import reads
-model.safetensors or pytorch_model.bin, with or without the `transformer.` key prefix (the original
-OpenAI checkpoint has none), so a directory a user downloaded from the hub loads as is.
+Export writes a complete directory without needing transformers: model.safetensors, config.json and the
+GPT-2 tokenizer (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json),
+built offline from the BPE files the tiktoken encoding uses (data.tokenizer), so
+`GPT2LMHeadModel.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)` load it with no network.
+Import reads model.safetensors or pytorch_model.bin, with or without the `transformer.` key prefix (the
+original OpenAI checkpoint has none), so a directory a user downloaded from the hub loads as is.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
-from common.files import atomic_path, write_json
+from common.files import atomic_directory, write_json
+from data.tokenizer import EOT, gpt2_bpe_files
+from gpt2.config import VOCAB_SIZE as GPT2_VOCAB_SIZE
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 
@@ -24,6 +30,7 @@ _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight
 _REQUIRED_CONFIG_KEYS = ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size")
 # buffers some checkpoints store next to the weights (the causal mask), not parameters
 _BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+EOT_TEXT = "<|endoftext|>"  # GPT-2's one special token, id 50256: its bos, eos and unk token on the hub
 
 
 def _hf_config(config: GPTConfig) -> dict:
@@ -50,12 +57,66 @@ def _hf_config(config: GPTConfig) -> dict:
     }
 
 
-def export_hf(model: GPT, out_dir: str | os.PathLike) -> Path:
-    """Write `model` as a directory `GPT2LMHeadModel.from_pretrained(out_dir)` loads."""
+def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
+    """The `tokenizers` serialization of GPT-2's byte-level BPE: the regex pre-tokenizer and byte mapping
+    tiktoken's gpt2 encoding also uses, no normalizer, `<|endoftext|>` as a special added token."""
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": EOT, "content": EOT_TEXT, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "vocab": vocab, "merges": merges},
+    }  # fmt: skip
+
+
+def write_tokenizer_files(out_dir: str | os.PathLike, model_max_length: int) -> None:
+    """GPT-2's tokenizer as Hugging Face keeps it, from OpenAI's sha256-checked BPE files, offline.
+
+    vocab.json is OpenAI's encoder.json and merges.txt its vocab.bpe (the files tiktoken's gpt2 encoding is
+    built from); tokenizer.json holds both for the fast tokenizer. Text without `<|endoftext|>` gets
+    tiktoken's `encode_ordinary` ids; the literal `<|endoftext|>` becomes the special token 50256, as in
+    tiktoken's `encode(text, allowed_special="all")` (pass `split_special_tokens=True` to split it instead).
+    """
+    out_dir = Path(out_dir)
+    sources = gpt2_bpe_files()
+    shutil.copyfile(sources["encoder.json"], out_dir / "vocab.json")
+    shutil.copyfile(sources["vocab.bpe"], out_dir / "merges.txt")
+    vocab = json.loads((out_dir / "vocab.json").read_text(encoding="utf-8"))
+    merges = (out_dir / "merges.txt").read_text(encoding="utf-8").split("\n")[1:-1]  # a version line first
+    (out_dir / "tokenizer.json").write_text(json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False),
+                                            encoding="utf-8")
+    special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
+    write_json(out_dir / "special_tokens_map.json", special)
+    write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "GPT2Tokenizer", **special, "model_max_length": model_max_length,
+        "add_prefix_space": False, "add_bos_token": False, "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+    })  # fmt: skip
+
+
+def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write `model` and GPT-2's tokenizer as a directory that `GPT2LMHeadModel.from_pretrained(out_dir)`
+    and `AutoTokenizer.from_pretrained(out_dir)` load offline.
+
+    The tokenizer files are written when the model has GPT-2's vocabulary (50257 tokens).
+    The directory is assembled under a temporary name and renamed into place, so it is either complete or
+    absent. An existing non-empty `out_dir` is replaced only with `overwrite`; otherwise FileExistsError.
+    """
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.is_file():
+        raise FileExistsError(f"{out_dir} is a file; the export is a directory: choose another name")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir} exists and is not empty; choose another directory or overwrite it "
+                              "(--force)")
     V = model.config.vocab_size
     tensors = {}
     for name, param in model.state_dict().items():
@@ -67,9 +128,11 @@ def export_hf(model: GPT, out_dir: str | os.PathLike) -> Path:
         elif name.endswith(_CONV1D_SUFFIXES):
             tensor = tensor.t()  # (out, in) -> Conv1D (in, out)
         tensors[name] = tensor.contiguous()
-    with atomic_path(out_dir / "model.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-    write_json(out_dir / "config.json", _hf_config(model.config))
+    with atomic_directory(out_dir) as tmp:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_json(tmp / "config.json", _hf_config(model.config))
+        if V == GPT2_VOCAB_SIZE:  # GPT-2's tokenizer fits only GPT-2's vocabulary (not e.g. a test model's)
+            write_tokenizer_files(tmp, model.config.block_size)
     return out_dir
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -64,26 +65,33 @@ def lr_at(
     final_lr_frac: float = 0.0,
     decay_frac: float = 0.2,
 ) -> float:
-    """Learning rate of optimizer step `step` (0-based), as llm.c computes it.
+    """Learning rate of optimizer step `step` (0-based), with the formulas of llm.c's schedulers.h.
 
     Linear warmup from max_lr/warmup to max_lr over `warmup_steps`, then towards
-    min_lr = final_lr_frac * max_lr at the last step:
-      cosine   - half a cosine period;
-      linear   - a straight line;
-      constant - stays at max_lr (min_lr unused);
-      wsd      - warmup-stable-decay: max_lr until the last `decay_frac` of all steps, then linear.
+    min_lr = final_lr_frac * max_lr at step `max_steps` (the last step taken, max_steps - 1, stays above it):
+      cosine   - half a cosine period from the end of warmup;
+      linear   - a straight line from the end of warmup;
+      constant - stays at max_lr (min_lr unused). llm.c's `constant` has no warmup at all: the two agree
+                 only with warmup_steps=0;
+      wsd      - warmup-stable-decay: max_lr until the decay point, then 1 - sqrt of the decay progress.
+                 llm.c fixes the decay to the last 20 % of steps; `decay_frac` generalises it (0.2 = llm.c).
+    Values are computed in double precision; llm.c's float32 differs in the last float32 bits.
     """
     min_lr = max_lr * final_lr_frac
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if schedule == "constant":
         return max_lr
-    # the decay starts right after warmup, or (wsd) at the last `decay_frac` of all steps
-    decay_start = max(warmup_steps, max_steps - int(decay_frac * max_steps)) if schedule == "wsd" else warmup_steps
-    if step < decay_start:
-        return max_lr
-    progress = (step - decay_start) / max(1, max_steps - decay_start)  # 0 -> 1 over the decay
-    if schedule in ("linear", "wsd"):
+    if schedule == "wsd":
+        # llm.c: decay_point = (int)(0.8f * train_num_batches), float32 arithmetic, so the decay starts on
+        # the same step; a warmup longer than that is finished first, then the decay continues from there
+        decay_point = int(np.float32(1.0 - decay_frac) * np.float32(max_steps))
+        if step < decay_point:
+            return max_lr
+        progress = (step - decay_point) / max(1, max_steps - decay_point)  # 0 -> 1 over the decay
+        return min_lr + (1.0 - math.sqrt(progress)) * (max_lr - min_lr)
+    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)  # 0 -> 1 after warmup
+    if schedule == "linear":
         return max_lr - progress * (max_lr - min_lr)
     if schedule == "cosine":
         return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)

@@ -46,7 +46,7 @@ _PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312
 
 
 def flops_per_token(model_config: GPTConfig, num_params: int, seq_len: int) -> float:
-    """Training FLOPs per token, as DESIGN.md/llm.c estimate it: 6N + 6*L*C*T."""
+    """Training FLOPs per token, as llm.c estimates it: 6N + 6*L*C*T (docs/reference.md)."""
     return 6 * num_params + 6 * model_config.n_layer * model_config.n_embd * seq_len
 
 

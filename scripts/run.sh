@@ -6,14 +6,18 @@
 #   bash scripts/run.sh gpt2-pretrain/gpt2-124m           # llm.c's 124M run on FineWeb (GPU host, online)
 #   bash scripts/run.sh gpt2-tokenize/smoke --param force=true
 #
-# Environment: PREFECT_PORT (default 4200), KEEP_RUNNING=1 (leave server and worker up for the UI and the
-# scheduled evaluation), PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db:
-# the same server on PostgreSQL instead of SQLite; docs/pipeline.md).
+#   bash scripts/run.sh gpt2-pretrain/smoke --param max_steps=30    # one setting changed, the others kept
+#
+# Environment: PREFECT_PORT (default 4200), KEEP_RUNNING=1 (leave server and worker up for the UI, the
+# scheduled evaluation and `prefect deployment run`: `source .prefect/env.sh` points a shell at them),
+# PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db: the same server on
+# PostgreSQL instead of SQLite; docs/pipeline.md).
+# Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then stops server and worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "usage: bash scripts/run.sh [DEPLOYMENT] [prefect deployment run options, e.g. --param key=value]"
 }
@@ -48,13 +52,17 @@ stop() {
     wait "$1" || true
 }
 
-server_pid= worker_pid=
+server_pid= worker_pid= watch_pid=
+ENV_FILE="$PREFECT_HOME/env.sh"
 cleanup() {
+    if [ -n "$watch_pid" ]; then kill "$watch_pid" 2>/dev/null || true; fi
     if [ "${KEEP_RUNNING:-0}" = 1 ]; then
         echo "[run] left running: server (pid $server_pid) and worker (pid $worker_pid);" \
              "stop them with: kill -9 $worker_pid; kill $server_pid"
+        echo "[run] reach them from a shell with: source .prefect/env.sh"
         return
     fi
+    rm -f "$ENV_FILE"
     # The worker first: it only needs the server while it shuts down. Prefect 3.8's worker answers SIGTERM
     # by sending itself SIGINT, which does not stop it (a background job of a script even ignores SIGINT),
     # and a second SIGTERM makes it SIGKILL itself: so it gets a short grace, then SIGKILL. Once the watched
@@ -64,8 +72,40 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# the flow run's state type once it is final (COMPLETED, FAILED, CANCELLED, CRASHED), else nothing
+final_state() {
+    "$python" - "$1" <<'PY' 2>/dev/null || true
+import json, os, sys, urllib.request
+with urllib.request.urlopen(f"{os.environ['PREFECT_API_URL']}/flow_runs/{sys.argv[1]}", timeout=5) as r:
+    state = json.load(r)["state"]["type"]
+if state in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED"):
+    print(state)
+PY
+}
+
+# Ctrl-C / SIGTERM: cancel the flow run through the API, so the worker stops its process (and with it
+# torchrun and the ranks: tasks/launch.py) and the run ends Cancelled; then cleanup stops worker and server.
+interrupted() {
+    trap - INT TERM
+    local flow_run_id
+    flow_run_id=$(grep -oE 'UUID: [0-9a-f-]{36}' "$PREFECT_HOME/watch.log" 2>/dev/null | head -1 | cut -d' ' -f2 || true)
+    if [ -n "$flow_run_id" ] && [ -n "$worker_pid" ]; then
+        echo "[run] interrupted: cancelling flow run $flow_run_id" >&2
+        "${prefect[@]}" flow-run cancel "$flow_run_id" >/dev/null 2>&1 || true
+        for _ in $(seq 60); do
+            state=$(final_state "$flow_run_id")
+            if [ -n "$state" ]; then echo "[run] flow run $flow_run_id: $state" >&2; break; fi
+            sleep 1
+        done
+    fi
+    exit 130
+}
+trap interrupted INT TERM
+
+# Server and worker get sessions of their own (setsid): a terminal's Ctrl-C reaches only this script,
+# which cancels the flow run through them before stopping them.
 echo "[run] starting the Prefect server on port $PORT (log: .prefect/server.log)"
-"${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
+setsid "${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >"$PREFECT_HOME/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 120); do
     if "$python" -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null; then
@@ -79,6 +119,13 @@ for _ in $(seq 120); do
     sleep 1
 done
 
+cat >"$ENV_FILE" <<EOF
+# source .prefect/env.sh: this shell then reaches the Prefect server scripts/run.sh started (KEEP_RUNNING=1)
+export PREFECT_HOME="$PREFECT_HOME"
+export PREFECT_API_URL="$PREFECT_API_URL"
+export PATH="$PWD/.venv/bin:\$PATH"
+EOF
+
 echo "[run] work pool gpt2-local (process) and deployments"
 "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
 "${prefect[@]}" --no-prompt deploy --all >"$PREFECT_HOME/deploy.log" 2>&1 || {
@@ -87,13 +134,22 @@ echo "[run] work pool gpt2-local (process) and deployments"
 }
 
 echo "[run] starting a worker (log: .prefect/worker.log)"
-"${prefect[@]}" worker start --pool gpt2-local >"$PREFECT_HOME/worker.log" 2>&1 &
+setsid "${prefect[@]}" worker start --pool gpt2-local >"$PREFECT_HOME/worker.log" 2>&1 &
 worker_pid=$!
 
 echo "[run] prefect deployment run $DEPLOYMENT --watch $*"
 status=0
+# In the background, so that a SIGTERM is handled at once (bash runs a trap only after the foreground
+# command ends); its output goes to a file (the flow run id is read from it) and is shown from there.
+rm -f "$PREFECT_HOME/watch.log"
+"${prefect[@]}" deployment run "$DEPLOYMENT" --watch "$@" >"$PREFECT_HOME/watch.log" 2>&1 &
+watch_pid=$!
 # --watch also prints every event; the progress artifact's updates would drown the rest
-"${prefect[@]}" deployment run "$DEPLOYMENT" --watch "$@" | grep --line-buffered -v prefect.artifact || status=$?
+tail -n +1 -F --pid="$watch_pid" "$PREFECT_HOME/watch.log" 2>/dev/null | grep --line-buffered -v prefect.artifact &
+show_pid=$!
+wait "$watch_pid" || status=$?
+watch_pid=
+wait "$show_pid" || true
 
 cat <<EOF
 

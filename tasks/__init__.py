@@ -10,7 +10,7 @@ Every task caches with `StageCache` (key = parameters + inputs by content + code
 files changed is recomputed) and has a retry policy: network stages back off exponentially with jitter,
 training retries resume from the latest checkpoint, deterministic errors are never retried.
 
-    download.py  tokenize.py  hellaswag.py  init.py  train.py  evaluate.py  sample.py   one stage each
+    download.py  tokenize.py  hellaswag.py  init.py  train.py  evaluate.py  sample.py  export.py   one stage each
     common.py    helpers the stage modules share (logging, child processes, artifact keys)
     cache.py     records and the cache policy;  retry.py  retry rules;  launch.py  child processes
     report.py    training figures and summaries

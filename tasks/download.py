@@ -1,13 +1,17 @@
-"""The download stage: FineWeb (or a local corpus) -> a local folder of documents."""
+"""The download stage: FineWeb (or a local corpus) -> a local folder of documents, identified by content."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from tasks.cache import FileRef, StageCache, StageRecord
+from tasks.common import artifact_key
 from tasks.retry import NETWORK_RETRIES
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -18,23 +22,73 @@ DOWNLOAD_CODE = ("data.fineweb",)  # entry modules; what they import counts too 
 class DocumentsRecord(StageRecord):
     path: str  # local folder (or file) of parquet/jsonl documents with a `text` column
     source: str
+    identity: str  # data.fineweb.source_identity as canonical JSON: local file bytes, or hub id+config+revision
+    num_documents: int
+
+    def problem(self) -> str | None:
+        """The files' content (StageRecord), and for a local corpus also its file list: a file added to the
+        folder changes the documents without changing any recorded file."""
+        if problem := super().problem():
+            return problem
+        from data.fineweb import local_files
+
+        listed = sorted(str(f.resolve()) for f in local_files(self.path)) if Path(self.path).exists() else []
+        recorded = sorted(f.path for f in self.files)
+        if "hub" not in json.loads(self.identity) and listed != recorded:
+            return f"{self.path} now holds {len(listed)} document files, {len(recorded)} were recorded"
+        return None
+
+
+def progress_reporter(key: str, description: str) -> Callable[[float], None]:
+    """A callback taking a fraction done (0..1) that keeps a Prefect progress artifact at the whole percent."""
+    artifact_id, shown = create_progress_artifact(0.0, key=key, description=description), [0]
+
+    def report(fraction: float) -> None:
+        percent = min(int(fraction * 100), 100)
+        if percent > shown[0]:
+            update_progress_artifact(artifact_id, float(percent))
+            shown[0] = percent
+
+    return report
 
 
 @task(name="download", cache_policy=StageCache(stage="download", code=DOWNLOAD_CODE), persist_result=True,
       **NETWORK_RETRIES)
 def download_documents(source: str, config: str | None, out_dir: str, limit: int | None) -> DocumentsRecord:
-    """FineWeb (any hub dataset with a `text` column) -> a local parquet cache; a local folder is used as is.
+    """FineWeb (any hub dataset with a `text` column) -> a local parquet cache; a local corpus is used as is.
 
-    A local source is fingerprinted file by file, so editing the corpus invalidates this stage's cache.
+    The record carries the documents' identity (`data.fineweb.source_identity`): a local corpus by the
+    bytes of its files (a changed, added or removed file invalidates this stage's cache), a hub dataset by
+    id, config and the revision resolved when the download started. A missing local path fails at once
+    (`SourceNotFound`, not retried).
     """
     from data import fineweb
 
-    if Path(source).exists():
-        path = Path(source).resolve()
-        files = fineweb.local_files(path)
-    else:
-        path = fineweb.download(source, config, out_dir, limit)
-        files = sorted(path.iterdir())
     logger = get_run_logger()
-    logger.info("documents of %s are in %s (%d files)", source, path, len(files))
-    return DocumentsRecord(files=tuple(FileRef.of(f) for f in files), path=str(path), source=source)
+    src = fineweb.parse_source(source)
+    if src.kind == "local":
+        path = Path(src.location)
+        identity = fineweb.source_identity(path)
+        # the identity hashed each file already: its refs reuse those hashes instead of reading the corpus again
+        files = zip(fineweb.local_files(path), identity["local"])
+        refs = [FileRef.with_sha256(f, entry["sha256"]) for f, entry in files]
+        num_documents = fineweb.count_documents(path)
+    else:
+        report = progress_reporter(artifact_key("download-progress", Path(out_dir).parent.name),
+                                   f"documents of {source} into {out_dir}")
+
+        def progress(done: int, total: int | None) -> None:
+            if total:
+                report(done / total)
+            logger.info("%s: %s documents downloaded", source, f"{done:,}")
+
+        path = fineweb.download(source, config, out_dir, limit, replace=True, progress=progress)
+        manifest = json.loads((path / fineweb.DOWNLOAD_MANIFEST).read_text())
+        refs = [FileRef.with_sha256(path / f["file"], f["sha256"]) for f in manifest["files"]]  # verified by download
+        refs.append(FileRef.of(path / fineweb.DOWNLOAD_MANIFEST))
+        identity = {k: manifest[k] for k in ("hub", "config", "revision", "limit")}
+        num_documents = manifest["num_documents"]
+    logger.info("%d documents of %s are in %s (%d files); identity %s", num_documents, source, path, len(refs),
+                identity)
+    return DocumentsRecord(files=tuple(refs), path=str(path), source=source,
+                           identity=json.dumps(identity, sort_keys=True), num_documents=num_documents)

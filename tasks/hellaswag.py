@@ -20,35 +20,48 @@ HELLASWAG_CODE = ("data.hellaswag",)  # entry modules; what they import counts t
 class EvalFileRecord(StageRecord):
     path: str  # llm.c HellaSwag eval file
     num_examples: int
+    source: str | None = None  # where the examples came from (URL or local path), from the folder's manifest
+    source_sha256: str | None = None  # the identity of the source: the sha256 of its bytes
 
     @classmethod
     def of(cls, path: str | Path, extra_files: tuple[Path, ...] = ()) -> "EvalFileRecord":
-        """The record of an eval file (plus files whose edits must invalidate it); the count is read from its header."""
+        """The record of an eval file (plus files whose edits must invalidate it); the count is read from its
+        header, the source identity from the manifest.json data.hellaswag.prepare wrote beside it (if any)."""
         import numpy as np
 
-        from data.hellaswag import HEADER_INTS, MAGIC
+        from common.files import read_json
+        from data.hellaswag import HEADER_INTS, MAGIC, MANIFEST
 
         path = Path(path).resolve()
         header = np.fromfile(path, dtype="<i4", count=HEADER_INTS)
         if len(header) != HEADER_INTS or header[0] != MAGIC:
             raise ValueError(f"{path} is not a HellaSwag eval file (magic {MAGIC}); rerun the hellaswag stage")
+        manifest_path = path.parent / MANIFEST
+        manifest = read_json(manifest_path) if manifest_path.exists() else {}
         files = tuple(FileRef.of(f) for f in (path, *extra_files))
-        return cls(files=files, path=str(path), num_examples=int(header[2]))
+        return cls(files=files, path=str(path), num_examples=int(header[2]), source=manifest.get("source"),
+                   source_sha256=manifest.get("source_sha256"))
 
 
 @task(name="hellaswag", cache_policy=StageCache(stage="hellaswag", code=HELLASWAG_CODE), persist_result=True,
       **NETWORK_RETRIES)
 def prepare_hellaswag(source: str, out_dir: str) -> EvalFileRecord:
-    """HellaSwag val jsonl (URL or local file) -> llm.c eval file (data.hellaswag)."""
+    """HellaSwag val jsonl (URL or local file) -> llm.c eval file (data.hellaswag).
+
+    data.hellaswag.prepare keeps an eval file only if it was made from a source with the same bytes and
+    it verifies (sha256); the record lists the eval file, the jsonl copy, the manifest and a local source,
+    so editing any of them invalidates this stage's cache. A missing local file fails at once.
+    """
     from data import hellaswag
 
-    # only reached when the cache had no valid record: an eval file already there is not trusted
-    (Path(out_dir) / hellaswag.EVAL_NAME).unlink(missing_ok=True)
     path = hellaswag.prepare(out_dir, source)
-    extra = [Path(out_dir) / hellaswag.JSONL_NAME]
+    extra = [Path(out_dir) / hellaswag.JSONL_NAME, Path(out_dir) / hellaswag.MANIFEST]
     if Path(source).is_file():  # a local source: its edits must invalidate the cache too
         extra.append(Path(source))
     record = EvalFileRecord.of(path, tuple(extra))
-    create_markdown_artifact(f"HellaSwag: {record.num_examples:,} examples from `{source}` in `{record.path}`",
-                             key=artifact_key("hellaswag", "eval-file"))
+    create_markdown_artifact(
+        f"HellaSwag: {record.num_examples:,} examples from `{source}` (sha256 `{record.source_sha256}`) in "
+        f"`{record.path}`",
+        key=artifact_key("hellaswag", "eval-file"),
+    )
     return record

@@ -1,23 +1,38 @@
 """Run a command (torchrun, python -m gpt2.*) as a child process group, streaming its output line by line.
 
-The child gets its own session, so the whole tree (torchrun and its per-GPU workers) can be signalled at
-once. Whatever ends the wait — a non-zero exit, the task's timeout, a Prefect cancellation (SIGTERM turned
-into an exception by Prefect's bridge), Ctrl-C — the group is sent SIGTERM, then SIGKILL after a grace
-period, so no orphaned training process keeps holding GPUs.
+A training process must never outlive its flow run (it would keep the GPUs). Three layers make sure:
+
+1. Every command runs in a session of its own, started through `common.lifetime`, so the kernel sends it
+   SIGTERM when the thread that started it dies, however it dies (SIGKILL included). torchrun's ranks
+   are started the same way, because torchrun puts them in sessions of their own.
+2. Whatever ends the wait in `run_streaming` -- a non-zero exit, the task's timeout, an exception from
+   the line callback -- the group gets SIGTERM, then SIGKILL after a grace period. Output is read on a
+   helper thread, so the waiting thread stays responsive to the exceptions Prefect raises in it.
+3. `stop_children_on_exit()` wraps a flow body: on any exception reaching it (Prefect's termination on
+   SIGTERM, a cancellation, Ctrl-C) it kills every command still running in this process, including those
+   of tasks running on other threads, and refuses to start new ones, so a retry cannot relaunch training.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 KILL_GRACE_S = 15.0  # torchrun forwards SIGTERM to its workers and waits for them; give it time
 TAIL_LINES = 40  # output lines quoted in the error of a failed command
+POLL_S = 0.2  # how often the waiting thread wakes up (exceptions Prefect injects land between waits)
+
+_running: set[subprocess.Popen] = set()
+_running_lock = threading.Lock()
+_stopping = threading.Event()  # set once this process's flow run is being torn down
 
 
 class CommandFailed(RuntimeError):
@@ -29,6 +44,10 @@ class CommandFailed(RuntimeError):
         super().__init__(f"{' '.join(cmd)} exited with code {returncode}; last output:\n{lines}")
 
 
+class Stopped(RuntimeError):
+    """The command was killed because its flow run is ending (cancelled, crashed, interrupted); not retried."""
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """torchrun's multi-machine settings; the defaults are one machine (`--standalone`)."""
@@ -36,23 +55,27 @@ class Rendezvous:
     nnodes: int = 1
     node_rank: int | None = None  # static rendezvous (with master_addr) when set
     rdzv_endpoint: str | None = None  # host:port of the c10d rendezvous (elastic, any node_rank)
-    rdzv_id: str = "gpt2"
+    rdzv_id: str | None = None  # default: the training run's id (a new id per run, shared by its nodes)
     master_addr: str | None = None
     master_port: int = 29500
+    max_restarts: int = 0  # torchrun restarts all ranks this often after a rank fails (then the task retries)
 
-    def torchrun_args(self) -> list[str]:
+    def torchrun_args(self, run_id: str | None = None) -> list[str]:
+        restarts = [f"--max-restarts={self.max_restarts}"]
         if self.nnodes == 1:
-            return ["--standalone"]
+            return ["--standalone", *restarts]
         if self.rdzv_endpoint:
+            if not (self.rdzv_id or run_id):
+                raise ValueError("a c10d rendezvous needs an id shared by the nodes of one run: set rdzv_id")
             return [f"--nnodes={self.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv_endpoint}",
-                    f"--rdzv-id={self.rdzv_id}"]
+                    f"--rdzv-id={self.rdzv_id or run_id}", *restarts]
         if self.node_rank is None or not self.master_addr:
             raise ValueError(
                 f"nnodes={self.nnodes} needs either rdzv_endpoint (host:port of the c10d rendezvous) or "
                 "node_rank and master_addr (static rendezvous)"
             )
         return [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}", f"--master-addr={self.master_addr}",
-                f"--master-port={self.master_port}"]
+                f"--master-port={self.master_port}", *restarts]
 
 
 def visible_gpus() -> int:
@@ -62,12 +85,16 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def torchrun_command(module: str, args: Sequence[str], nproc: int, rendezvous: Rendezvous = Rendezvous()) -> list[str]:
-    """`python -m torch.distributed.run ... -m module args` (the `torchrun` of this interpreter)."""
+def torchrun_command(module: str, args: Sequence[str], nproc: int, rendezvous: Rendezvous = Rendezvous(),
+                     run_id: str | None = None) -> list[str]:
+    """`python -m torch.distributed.run ... -m module args` (the `torchrun` of this interpreter).
+
+    Each rank runs as `common.lifetime python -m module`, so it dies with torchrun (layer 1 above).
+    """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    return [sys.executable, "-m", "torch.distributed.run", *rendezvous.torchrun_args(),
-            f"--nproc-per-node={nproc}", "-m", module, *args]
+    return [sys.executable, "-m", "torch.distributed.run", *rendezvous.torchrun_args(run_id),
+            f"--nproc-per-node={nproc}", "-m", "common.lifetime", sys.executable, "-m", module, *args]
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
@@ -87,6 +114,13 @@ def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
     proc.wait()
 
 
+def _pump(stream, lines: queue.Queue) -> None:
+    with stream:  # closed here, by its only reader, once the command's last writer has exited
+        for line in stream:
+            lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
 def run_streaming(
     cmd: Sequence[str],
     on_line: Callable[[str], None],
@@ -96,19 +130,30 @@ def run_streaming(
 ) -> None:
     """Run `cmd`, calling `on_line` with each output line (stdout and stderr, merged) as it appears.
 
-    Raises CommandFailed on a non-zero exit. On any exception while waiting (timeout, cancellation,
-    interrupt) the process group is killed before the exception propagates.
+    Raises CommandFailed on a non-zero exit, Stopped when the flow run is being torn down. On any
+    exception while waiting (timeout, cancellation, interrupt) the process group is killed before the
+    exception propagates.
     """
+    if _stopping.is_set():
+        raise Stopped(f"not starting {' '.join(cmd)}: the flow run is ending")
     proc = subprocess.Popen(
-        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}, cwd=cwd, text=True, errors="replace",
-        bufsize=1, start_new_session=True,
+        [sys.executable, "-m", "common.lifetime", *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}, cwd=cwd, text=True,
+        errors="replace", bufsize=1, start_new_session=True,
     )  # fmt: skip
+    with _running_lock:
+        _running.add(proc)
     tail: deque[str] = deque(maxlen=TAIL_LINES)
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True, name="output-pump").start()
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
+        while True:
+            try:
+                line = lines.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
             tail.append(line)
             on_line(line)
         returncode = proc.wait()
@@ -116,10 +161,44 @@ def run_streaming(
         _kill_group(proc, grace_s)
         raise
     finally:
-        if proc.stdout is not None:
-            proc.stdout.close()
+        with _running_lock:
+            _running.discard(proc)
     if returncode != 0:
         # a worker may outlive a failed torchrun leader; leave nothing behind
         _kill_group(proc, grace_s=1.0)
+        if _stopping.is_set():
+            raise Stopped(f"{' '.join(cmd)} was stopped because its flow run is ending")
         raise CommandFailed(cmd, returncode, tail)
 
+
+def stop_all(grace_s: float = KILL_GRACE_S) -> None:
+    """Kill every command this process is running (each group: SIGTERM, SIGKILL after `grace_s`), start no more."""
+    _stopping.set()
+    with _running_lock:
+        procs = list(_running)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        _kill_group(proc, grace_s)
+
+
+@contextmanager
+def stop_children_on_exit() -> Iterator[None]:
+    """Wrap a flow body: whatever exception ends it, no command it started survives it (layer 3 above).
+
+    In a flow-run process started by a worker (PREFECT__FLOW_RUN_ID set), also have the kernel SIGTERM this
+    process when the worker dies (layer 1), which Prefect turns into a termination: the run is marked Crashed.
+    """
+    from common.lifetime import die_with_parent
+
+    if os.environ.get("PREFECT__FLOW_RUN_ID"):
+        die_with_parent()
+    _stopping.clear()
+    try:
+        yield
+    except BaseException:
+        stop_all()
+        raise

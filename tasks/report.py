@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 from pathlib import Path
@@ -9,12 +11,13 @@ from typing import Any
 
 from common.files import atomic_path
 
-# Reference points (../shared/DESIGN.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
+# Reference points (docs/reference.md): llm.c's GPT-2 124M after 10B FineWeb tokens, OpenAI's GPT-2 124M.
 REFERENCE_VAL_LOSS = 3.28
 REFERENCE_TOKENS = 10e9
 OPENAI_HELLASWAG_ACC_NORM = 0.2955
 OPENAI_VAL_LOSS = 3.42
 TOKENS_PER_S_WINDOW = 20  # tokens/s and MFU are averaged over the last steps (the first ones compile)
+CURVE_WIDTH = 640  # pixels of the loss curve inlined in the summary markdown
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -43,8 +46,8 @@ def training_figures(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
     }
 
 
-def plot_loss_curve(metrics: list[dict[str, Any]], path: str | os.PathLike) -> Path:
-    """Train and val loss against step, with llm.c's 10B-token val loss as a dashed line; written atomically."""
+def loss_curve_figure(metrics: list[dict[str, Any]], run_name: str) -> "matplotlib.figure.Figure":
+    """Train and val loss against step, titled with the run's name, with llm.c's 10B-token val loss dashed."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on training hosts
@@ -58,15 +61,49 @@ def plot_loss_curve(metrics: list[dict[str, Any]], path: str | os.PathLike) -> P
     if val:
         ax.plot(*zip(*val), "o-", label="val loss", markersize=3)
     ax.axhline(REFERENCE_VAL_LOSS, color="gray", linestyle="--", label=f"llm.c 124M after 10B tokens ({REFERENCE_VAL_LOSS})")
+    ax.set_title(f"Loss of {run_name}")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.legend()
     ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_loss_curve(metrics: list[dict[str, Any]], path: str | os.PathLike, run_name: str) -> Path:
+    """`loss_curve_figure` as a PNG (the title also in its Title field), written atomically."""
+    import matplotlib.pyplot as plt
+
+    fig = loss_curve_figure(metrics, run_name)
     path = Path(path)
-    with atomic_path(path) as tmp:  # the temporary name ends in .tmp: give savefig the format
-        fig.savefig(tmp, format=path.suffix[1:], dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:  # the temporary name ends in .tmp: give savefig the format
+            fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight", metadata={"Title": fig.axes[0].get_title()})
+    finally:
+        plt.close(fig)
     return path
+
+
+def png_data_uri(path: str | os.PathLike, max_width: int = CURVE_WIDTH) -> str:
+    """A PNG as a `data:` URI, downsampled to `max_width` and to a 64-colour palette (a few tens of KB).
+
+    The Prefect UI renders markdown artifacts in the browser, which will not open the `file://` link of a
+    file on the worker's disk; an image inlined this way shows wherever the artifact is viewed (Prefect
+    3.8's default UI lets `data:image/` sources through its markdown sanitizer on purpose, the classic UI
+    passes them as they are).
+    """
+    from PIL import Image, PngImagePlugin
+
+    with Image.open(path) as image:
+        title = image.text.get("Title")
+        image = image.convert("RGB")
+    if image.width > max_width:
+        image = image.resize((max_width, round(image.height * max_width / image.width)), Image.LANCZOS)
+    info = PngImagePlugin.PngInfo()
+    if title:
+        info.add_text("Title", title)
+    buffer = io.BytesIO()
+    image.quantize(colors=64).save(buffer, format="PNG", optimize=True, pnginfo=info)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -104,6 +141,8 @@ def run_summary_markdown(
     if val is not None:
         gap = val - REFERENCE_VAL_LOSS
         lines += ["", f"Val loss is {gap:+.3f} from the 10B-token reference."]
-    if loss_curve:
-        lines += ["", f"Loss curve: [{loss_curve}](file://{loss_curve})"]
+    if loss_curve and Path(loss_curve).is_file():
+        lines += ["", f"![loss curve]({png_data_uri(loss_curve)})", "", f"Full size: `{loss_curve}`"]
+    elif loss_curve:  # e.g. deleted after a cached training record was written
+        lines += ["", f"Loss curve: `{loss_curve}` is missing."]
     return "\n".join(lines) + "\n"

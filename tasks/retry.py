@@ -6,6 +6,7 @@ delays the error; those surface at once with their own message.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from prefect.tasks import exponential_backoff
@@ -14,6 +15,23 @@ from prefect.tasks import exponential_backoff
 TRANSIENT_HTTP_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 # OSErrors that describe the local machine, not the network: they will not go away by waiting
 _LOCAL_OS_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+
+def _http_client_network_errors() -> tuple[type[BaseException], ...]:
+    """Network failures of the HTTP clients that are not OSErrors: httpx's (Prefect's client) and httpx2's
+    (huggingface_hub's, so the hub lookups and `datasets` streaming). Protocol misuse is not among them."""
+    found = []
+    for module in ("httpx", "httpx2"):
+        try:
+            lib = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(lib, name) for name in ("NetworkError", "TimeoutException", "RemoteProtocolError")]
+    return tuple(found)
+
+
+_NETWORK_ERRORS = (ConnectionError, TimeoutError, *_http_client_network_errors())
 
 
 class TransientError(RuntimeError):
@@ -39,7 +57,7 @@ def is_transient(exc: BaseException) -> bool:
         return status in TRANSIENT_HTTP_STATUS
     if isinstance(exc, _LOCAL_OS_ERRORS):
         return False
-    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
+    return isinstance(exc, (*_NETWORK_ERRORS, OSError))
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:

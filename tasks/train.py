@@ -122,7 +122,7 @@ def train(
         log(line)
         progress(line)
 
-    cmd = torchrun_command("gpt2.train", ["--config", str(config_path)], nproc, rendezvous)
+    cmd = torchrun_command("gpt2.train", ["--config", str(config_path)], nproc, rendezvous, run_id=run_id)
     try:
         run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
@@ -135,7 +135,7 @@ def _train_record(run_dir: Path, config: TrainConfig) -> TrainRecord:
 
     metrics = read_metrics(run_dir / "metrics.jsonl")
     figures = training_figures(metrics)
-    curve = plot_loss_curve(metrics, run_dir / "loss_curve.png")
+    curve = plot_loss_curve(metrics, run_dir / "loss_curve.png", f"{run_dir.parent.name}/{run_dir.name}")
     final = CheckpointRecord.of(latest_checkpoint(run_dir), config.model)
     tokens = final.step * config.total_batch_size
     hellaswag = [m for m in metrics if m.get("kind") == "hellaswag"]

@@ -49,7 +49,7 @@ def test_bad_rows_name_file_and_row(tmp_path):
 
 
 def test_unknown_source_is_refused(tmp_path):
-    with pytest.raises(DocumentError, match="neither an existing local path nor a hub id"):
+    with pytest.raises(FileNotFoundError, match="no-such-folder: no such file or folder"):
         list(iter_documents("no-such-folder"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DocumentError, match="expected a .parquet or .jsonl file"):
@@ -59,7 +59,7 @@ def test_unknown_source_is_refused(tmp_path):
 def test_hub_source_streams_train_split_through_the_same_limit(monkeypatch):
     calls = []
 
-    def load_dataset(path, name=None, split=None, streaming=False):
+    def load_dataset(path, name=None, split=None, streaming=False, revision=None):
         calls.append((path, name, split, streaming))
         return ({"text": f"doc {i}", "id": i} for i in range(10**9))  # "endless": must be streamed lazily
 
@@ -77,23 +77,36 @@ def test_download_makes_a_resumable_local_parquet_cache(local_source, tmp_path):
     assert manifest["num_documents"] == 4
     assert [f["num_documents"] for f in manifest["files"]] == [3, 1]
 
-    # interrupted after the first part: it is kept, the rest is redone
+    # interrupted after the first part (download.json lists the parts written): it is kept, the rest is redone
     first = cache / "part_00000.parquet"
     identity = (first.stat().st_ino, first.stat().st_mtime_ns)
+    (cache / "download.json").write_text(json.dumps({**{k: v for k, v in manifest.items() if k != "num_documents"},
+                                                     "files": manifest["files"][:1]}))
     (cache / "manifest.json").unlink()
     (cache / "part_00001.parquet").unlink()
     download(str(local_source), None, cache, docs_per_file=3)
     assert (first.stat().st_ino, first.stat().st_mtime_ns) == identity
     assert json.loads((cache / "manifest.json").read_text()) == manifest
+    assert not (cache / "download.json").exists()
 
-    with pytest.raises(FileExistsError, match="is for another download"):
+    # a finished download verifies its parts: a damaged one is redone, the intact ones before it are kept
+    second = cache / "part_00001.parquet"
+    second.write_bytes(second.read_bytes()[:-1] + b"\0")
+    download(str(local_source), None, cache, docs_per_file=3)
+    assert (first.stat().st_ino, first.stat().st_mtime_ns) == identity
+    assert json.loads((cache / "manifest.json").read_text()) == manifest
+    assert list(iter_documents(cache)) == list(iter_documents(local_source))
+
+    with pytest.raises(FileExistsError, match="limit: recorded None, requested 2"):
         download(str(local_source), None, cache, limit=2, docs_per_file=3)
+    download(str(local_source), None, cache, limit=2, docs_per_file=3, replace=True)
+    assert list(iter_documents(cache)) == ["first", "second"]
+    assert sorted(p.name for p in cache.glob("*.parquet")) == ["part_00000.parquet"]
 
 
 def test_unfinished_download_for_other_settings_is_refused(local_source, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "download.json").write_text(json.dumps({"source": str(local_source), "config": None, "limit": 3,
-                                                     "docs_per_file": 3}))  # fmt: skip
-    with pytest.raises(FileExistsError, match=r"download\.json is for another download"):
+    (cache / "download.json").write_text(json.dumps({"local": [], "limit": 3, "docs_per_file": 3}))
+    with pytest.raises(FileExistsError, match=r"download\.json was written for another input or settings"):
         download(str(local_source), None, cache, limit=None, docs_per_file=3)

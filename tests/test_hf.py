@@ -1,5 +1,9 @@
 """Hugging Face interop and numerical parity with transformers' GPT2LMHeadModel (the reference)."""
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -124,3 +128,142 @@ def test_import_errors_name_the_directory(tmp_path):
     (tmp_path / "config.json").write_text('{"model": "d12", "batch_size": 64}')
     with pytest.raises(ValueError, match="config.json: not a Hugging Face GPT-2 config, it lacks n_layer, n_head"):
         import_hf(tmp_path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# a complete exported directory: weights, config and the tokenizer, loaded by transformers offline
+
+# varied text: accents, CJK, emoji (4-byte UTF-8, ZWJ sequences), combining marks, RTL, whitespace runs
+# (tabs, newlines, trailing spaces), contractions, numbers, code, and text that looks like special tokens
+TEXTS = [
+    "Hello, I'm a language model,",
+    "  leading and trailing spaces   ",
+    "tabs\tand\n\nnewlines\r\n  \n\t mixed   runs     of whitespace\u3000(ideographic space)",
+    "Ünïcödé: naïve café, Straße, ﬁ ligature, e\u0301 combining, 日本語のテキスト, 한국어, עברית, العربية",
+    "emoji 👩‍👩‍👧‍👦 🇫🇷 🤖🤖🤖 and math ∑∫√∞ ≠ ≤",
+    "they'll've we're it's I'd 'S 'LL don't",
+    "numbers 3.14159 1,000,000 0x1F 2026-11-23 12345678901234567890",
+    "def f(x):\n    return {'a': [1, 2, 3]}  # code\n",
+    "<|endofprompt|> <|fim_prefix|> < | endoftext | >",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    config = CONFIGS["tiny"]
+    model = _random_model(config, seed=4)
+    out = export_hf(model, tmp_path_factory.mktemp("export") / "hf")
+    return model, out
+
+
+@pytest.fixture(scope="module")
+def enc():
+    from data.tokenizer import get_gpt2_encoding
+
+    return get_gpt2_encoding()
+
+
+def test_exported_model_logits_equal_ours(exported):
+    model, out = exported
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out, local_files_only=True).eval()
+    idx = torch.randint(0, model.config.vocab_size, (3, 40), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours, theirs = model(idx)[0], hf(input_ids=idx).logits
+    assert theirs.dtype == torch.float32
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_exported_tokenizer_ids_equal_tiktoken_encode_ordinary(exported, enc):
+    _, out = exported
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert tok.is_fast and tok.vocab_size == 50257 and tok.eos_token_id == tok.bos_token_id == 50256
+    assert tok.model_max_length == CONFIGS["tiny"].block_size
+    for text in TEXTS:
+        ids = tok(text)["input_ids"]
+        assert ids == enc.encode_ordinary(text), text  # no BOS/EOS added, no prefix space
+        assert tok.decode(ids) == text  # no clean-up of spaces
+
+
+def test_vocab_and_merges_files_alone_give_the_same_tokenizer(exported, enc, tmp_path):
+    # vocab.json + merges.txt are what other tools (and transformers without tokenizer.json) read
+    _, out = exported
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(out / name, tmp_path / name)
+    tok = transformers.GPT2TokenizerFast.from_pretrained(tmp_path, local_files_only=True)
+    for text in TEXTS:
+        assert tok(text)["input_ids"] == enc.encode_ordinary(text), text
+
+
+def test_endoftext_is_the_special_token_unless_split(exported, enc):
+    # transformers treats the literal "<|endoftext|>" as token 50256 (tiktoken's allowed_special="all");
+    # split_special_tokens=True gives encode_ordinary's ids, which is how the shards encode documents
+    _, out = exported
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    text = "end of one document.<|endoftext|>Start of the next<|endoftext|>"
+    assert tok(text)["input_ids"] == enc.encode(text, allowed_special="all")
+    assert tok(text)["input_ids"].count(50256) == 2
+    assert tok(text, split_special_tokens=True)["input_ids"] == enc.encode_ordinary(text)
+    assert 50256 not in enc.encode_ordinary(text)
+
+
+def test_export_is_complete_offline_and_refuses_to_clobber(exported, tmp_path):
+    model, out = exported
+    names = {p.name for p in out.iterdir()}
+    assert names == {"model.safetensors", "config.json", "vocab.json", "merges.txt", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json"}
+    assert not list(out.parent.glob(".tmp_*"))  # nothing left of the temporary directory
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="mine exists and is not empty.*--force"):
+        export_hf(model, tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    export_hf(model, tmp_path / "mine", overwrite=True)
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(FileExistsError, match="file is a file"):
+        export_hf(model, tmp_path / "file", overwrite=True)
+    assert not (tmp_path / "mine" / "notes.txt").exists()
+    assert (tmp_path / "mine" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+def test_a_model_without_gpt2s_vocabulary_gets_no_tokenizer(tmp_path):
+    model = _random_model(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=256), seed=6)
+    out = export_hf(model, tmp_path / "hf")
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "config.json"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# the command line: python -m gpt2.export_hf
+
+
+def test_cli_help():
+    result = subprocess.run([sys.executable, "-m", "gpt2.export_hf", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert "--checkpoint" in result.stdout and "--out" in result.stdout and "--force" in result.stdout
+
+
+def test_cli_exports_the_latest_checkpoint_of_a_run(tmp_path, capsys, enc):
+    from gpt2.checkpoint import load_model, write_initial_checkpoint
+    from gpt2.export_hf import main
+
+    write_initial_checkpoint(tmp_path / "run", "n_layer=2,n_head=2,n_embd=32,block_size=64", seed=3)
+    out = main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    assert f"(step 0) to {tmp_path / 'hf'}" in capsys.readouterr().out
+    ours, _ = load_model(tmp_path / "run")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out, local_files_only=True).eval()
+    idx = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=idx).logits, ours(idx)[0], rtol=1e-5, atol=1e-5)
+    tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert tok("Hello world")["input_ids"] == enc.encode_ordinary("Hello world")
+
+    # an existing export is replaced only with --force; a source that is no model is named
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf")])
+    assert exit_info.value.code == 1
+    assert "hf exists and is not empty" in capsys.readouterr().err
+    main(["--checkpoint", str(tmp_path / "run"), "--out", str(tmp_path / "hf"), "--force"])
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(tmp_path / "nothing"), "--out", str(tmp_path / "hf2")])
+    assert "nothing: not a checkpoint directory" in capsys.readouterr().err
+    assert not (tmp_path / "hf2").exists()

@@ -18,7 +18,7 @@ SMALL = GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=24, vocab_size=100,
 
 
 def _expected_state(config: GPTConfig, seed: int) -> dict[str, torch.Tensor]:
-    """DESIGN.md's order, drawn into fresh tensors: wte (real rows), wpe, then per layer qkv, attn proj, fc, mlp proj."""
+    """The documented order (docs/reference.md), drawn into fresh tensors: wte (real rows), wpe, then per layer qkv, attn proj, fc, mlp proj."""
     g = torch.Generator().manual_seed(seed)
     C, L = config.n_embd, config.n_layer
     # float32 C arithmetic: sqrtf, divide, multiply, each rounded to float32

@@ -1,4 +1,4 @@
-"""The model's shapes, descriptors, padded vocabulary and input checks."""
+"""The model's shapes, padded vocabulary and input checks (descriptors: tests/test_config.py)."""
 
 import math
 
@@ -10,24 +10,6 @@ from gpt2.config import GPTConfig
 from gpt2.model import GPT
 
 TINY = GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=32, vocab_size=50257)
-
-
-def test_descriptors_match_llmc_shapes():
-    expected = {"d6": (6, 6, 384), "d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280), "d48": (48, 25, 1600)}
-    for descriptor, (L, nh, C) in expected.items():
-        config = GPTConfig.from_descriptor(descriptor)
-        assert (config.n_layer, config.n_head, config.n_embd, config.block_size) == (L, nh, C, 1024)
-        assert (config.vocab_size, config.padded_vocab_size) == (50257, 50304)
-    gpt3 = GPTConfig.from_descriptor("gpt3:c2048")
-    assert (gpt3.n_layer, gpt3.head_size, gpt3.block_size) == (24, 128, 2048)
-    assert GPTConfig.from_descriptor("gpt3:c1536").head_size == 96
-    assert GPTConfig.from_descriptor("gpt3:c768").head_size == 64
-
-
-@pytest.mark.parametrize("bad", ["d13", "gpt3:c777", "gpt2", ""])
-def test_unknown_descriptor_is_a_clear_error(bad):
-    with pytest.raises(ValueError, match="unknown model descriptor.*known: d6"):
-        GPTConfig.from_descriptor(bad)
 
 
 def test_d12_parameter_count_matches_llmc():

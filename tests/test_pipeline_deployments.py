@@ -12,9 +12,12 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import socket
+import sqlite3
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +129,60 @@ def _deployments() -> list[dict]:
     import yaml
 
     return yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Ctrl-C and SIGTERM of run.sh: the flow run is cancelled and its training processes stop
+
+
+def _training_processes(run_name: str) -> list[int]:
+    """Live torchrun / gpt2.train processes of `run_name` (their command lines name its run directory)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and f"/runs/{run_name}/" in cmdline and ("gpt2.train" in cmdline or "torch.distributed.run" in cmdline):
+            found.append(int(pid))
+    return found
+
+
+def _wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.5)
+    return condition()
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how):
+    run_name = f"interrupted-{how}"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment["PREFECT_PORT"] = str(free_port())
+    # a training run that would go on for hours
+    args = ["gpt2-train/smoke", "--param", f"run_name={run_name}", "--param", "max_steps=1000000",
+            "--param", "checkpoint_every=0", "--param", "val_every=0"]
+    # its own session, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group
+    proc = subprocess.Popen(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert _wait_for(lambda: len(_training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)  # run.sh alone, as `kill` or a batch system would
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, output[-3000:]
+    assert _wait_for(lambda: not _training_processes(run_name), 30), _training_processes(run_name)
+    # the flow run's final state, as recorded in the (stopped) server's database
+    with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:
+        states = db.execute("select f.name, r.state_type from flow_run r join flow f on f.id = r.flow_id "
+                            "where f.name = 'gpt2-train'").fetchall()
+    assert states == [("gpt2-train", "CANCELLED")], output[-3000:]

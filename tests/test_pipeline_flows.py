@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from pydantic import TypeAdapter
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +26,13 @@ SHARD_HEADER_BYTES = 1024
 EOT = 50256
 
 
-def smoke_config(root: Path, **changes):
+def smoke_params(root: Path, **changes) -> dict:
     """The `gpt2-pretrain/smoke` deployment's parameters (prefect.yaml), with outputs under `root`."""
-    from flows.config import PipelineConfig
-
     params = yaml.safe_load((REPO / "prefect.yaml").read_text())["definitions"]["smoke"]
     params = {**params, "root": str(root), **changes}
     for key in ("source", "hellaswag_source"):
         params[key] = str(REPO / params[key])
-    return TypeAdapter(PipelineConfig).validate_python(params)
+    return params
 
 
 def run_flow(flow_fn, *args, **kwargs):
@@ -99,7 +96,8 @@ def tensorboard_scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 @dataclasses.dataclass
 class SmokeRun:
-    config: object
+    params: dict  # the flow's parameters
+    config: object  # the same, validated: flows.config.PipelineSettings
     flow_run_id: object
     records: dict
     seconds: float
@@ -118,12 +116,13 @@ def prefect_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smoke(prefect_server) -> SmokeRun:
+    from flows.config import check_settings
     from flows.pipeline import gpt2_pretrain
 
-    config = smoke_config(prefect_server / "artifacts")
-    flow_run_id, records, seconds = run_flow(gpt2_pretrain, config)
+    params = smoke_params(prefect_server / "artifacts")
+    flow_run_id, records, seconds = run_flow(gpt2_pretrain, **params)
     assert isinstance(records, dict), f"smoke pipeline failed: {records!r}"
-    return SmokeRun(config, flow_run_id, records, seconds)
+    return SmokeRun(params, check_settings(params), flow_run_id, records, seconds)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -153,14 +152,14 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
 
     # training ran to max_steps from the init checkpoint and left a loss curve
     run = records["train"]
-    assert run.steps == config.train["max_steps"]
+    assert run.steps == config.max_steps
     assert Path(run.loss_curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # final evaluation: val loss recomputed here from the val shard (B x T batches, in order)
     from gpt2.checkpoint import load_model
 
     model, step = load_model(run.checkpoint.path)
-    B, T, steps = config.train["batch_size"], config.train["seq_len"], config.train["val_steps"]
+    B, T, steps = config.batch_size, config.seq_len, config.val_steps
     val = torch.from_numpy(written[0].astype(np.int64))
     with torch.no_grad():
         losses = [model(val[i * B * T: (i + 1) * B * T].view(B, T), val[i * B * T + 1: (i + 1) * B * T + 1].view(B, T),
@@ -184,7 +183,7 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
 def test_second_run_is_all_from_cache_and_10x_faster(smoke):
     from flows.pipeline import gpt2_pretrain
 
-    flow_run_id, records, seconds = run_flow(gpt2_pretrain, smoke.config)
+    flow_run_id, records, seconds = run_flow(gpt2_pretrain, **smoke.params)
     assert set(states(flow_run_id).values()) == {"Cached"}, states(flow_run_id)
     assert records["train"] == smoke.records["train"]
     assert seconds * 10 <= smoke.seconds, f"cached run took {seconds:.1f} s, the first {smoke.seconds:.1f} s"
@@ -194,7 +193,7 @@ def test_single_stage_rerun(smoke):
     from flows.pipeline import tokenize_flow
 
     before = {p: sha256(p) for p in glob.glob(f"{smoke.records['tokenize'].out_dir}/*.bin")}
-    flow_run_id, records, _ = run_flow(tokenize_flow, smoke.config, force=True)
+    flow_run_id, records, _ = run_flow(tokenize_flow, **smoke.params, force=True)
     assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
     assert {p: sha256(p) for p in before} == before
 
@@ -205,7 +204,7 @@ def test_deleted_shard_reruns_tokenize_and_only_what_depends_on_it(smoke):
     shard = Path(sorted(glob.glob(smoke.records["tokenize"].train_glob))[0])
     digest = sha256(shard)
     shard.unlink()
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, smoke.config)
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **smoke.params)
     assert states(flow_run_id) == {
         "download": "Cached", "hellaswag": "Cached", "init": "Cached",  # independent of the shards
         "tokenize": "Completed",  # its cached record named a file that is gone
@@ -221,7 +220,7 @@ def test_corrupted_output_is_recomputed_not_returned_from_cache(smoke):
     eval_file = Path(smoke.records["hellaswag"].path)
     good = eval_file.read_bytes()
     eval_file.write_bytes(good[:-2] + bytes([good[-2] ^ 0xFF, good[-1]]))  # same size, one byte flipped
-    flow_run_id, records, _ = run_flow(hellaswag_flow, smoke.config)
+    flow_run_id, records, _ = run_flow(hellaswag_flow, **smoke.params)
     assert states(flow_run_id) == {"hellaswag": "Completed"}
     assert eval_file.read_bytes() == good
 
@@ -229,8 +228,7 @@ def test_corrupted_output_is_recomputed_not_returned_from_cache(smoke):
 def test_changed_training_parameter_reruns_training_and_what_follows_only(smoke):
     from flows.pipeline import gpt2_pretrain
 
-    config = dataclasses.replace(smoke.config, run_name="smoke-lr", train={**smoke.config.train, "lr": 3e-4})
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, config)
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **{**smoke.params, "run_name": "smoke-lr", "lr": 3e-4})
     assert states(flow_run_id) == {
         "download": "Cached", "tokenize": "Cached", "hellaswag": "Cached", "init": "Cached",
         "train": "Completed", "evaluate": "Completed", "sample": "Completed",
@@ -255,7 +253,7 @@ def test_transient_failure_is_retried_and_succeeds(smoke, tmp_path, monkeypatch)
     fast_retries = flows.pipeline.prepare_hellaswag.with_options(retry_delay_seconds=0, retry_jitter_factor=None)
     monkeypatch.setattr(flows.pipeline, "prepare_hellaswag", fast_retries)
 
-    flow_run_id, records, _ = run_flow(flows.pipeline.hellaswag_flow, dataclasses.replace(smoke.config, root=str(tmp_path)))
+    flow_run_id, records, _ = run_flow(flows.pipeline.hellaswag_flow, **{**smoke.params, "root": str(tmp_path)})
     (run,) = task_runs(flow_run_id)["hellaswag"]
     assert (run.state.name, run.run_count, len(calls)) == ("Completed", 2, 2)
     assert records["hellaswag"].num_examples == 8
@@ -270,22 +268,27 @@ def test_deterministic_failure_is_not_retried(smoke, tmp_path, monkeypatch):
     fast_retries = flows.pipeline.prepare_hellaswag.with_options(retry_delay_seconds=0, retry_jitter_factor=None)
     monkeypatch.setattr(flows.pipeline, "prepare_hellaswag", fast_retries)
 
-    config = dataclasses.replace(smoke.config, root=str(tmp_path), hellaswag_source=str(bad))
-    flow_run_id, error, _ = run_flow(flows.pipeline.hellaswag_flow, config)
+    flow_run_id, error, _ = run_flow(flows.pipeline.hellaswag_flow,
+                                     **{**smoke.params, "root": str(tmp_path), "hellaswag_source": str(bad)})
     assert isinstance(error, EvalFileError) and "bad.jsonl line 1" in str(error)
     (run,) = task_runs(flow_run_id)["hellaswag"]
     assert (run.state.name, run.run_count) == ("Failed", 1)
 
 
-def test_bad_training_config_fails_at_once_with_a_clear_error(smoke):
-    from flows.pipeline import train_flow
-    from gpt2.train_config import ConfigError
+@pytest.mark.parametrize("changes, message", [
+    ({"warmup_steps": 50}, "warmup_steps=50 exceeds max_steps=20"),  # gpt2.train's own check
+    ({"total_batch_size": 100}, "total_batch_size=100 is not a multiple of batch_size*seq_len*world_size"),
+    ({"model": "n_layer=2,n_head=3,n_embd=64,block_size=64"}, "n_head"),
+    ({"shard_size": 0}, "shard_size: Input should be greater than or equal to 1"),
+])
+def test_bad_setting_fails_before_any_stage_runs_naming_the_field(smoke, tmp_path, changes, message):
+    from flows.pipeline import gpt2_pretrain
 
-    config = dataclasses.replace(smoke.config, run_name="smoke-typo", train={**smoke.config.train, "max_stepz": 5})
-    flow_run_id, error, _ = run_flow(train_flow, config)
-    assert isinstance(error, ConfigError) and "did you mean 'max_steps'" in str(error)
-    (run,) = task_runs(flow_run_id)["train"]
-    assert (run.state.name, run.run_count) == ("Failed", 1)
+    params = {**smoke.params, "root": str(tmp_path), "run_name": "smoke-bad", **changes}
+    flow_run_id, error, _ = run_flow(gpt2_pretrain, **params)
+    assert isinstance(error, ValueError) and message in str(error), error
+    assert task_runs(flow_run_id) == {}  # no stage ran: nothing downloaded, nothing trained
+    assert not (tmp_path / "data").exists()
 
 
 def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke, monkeypatch):
@@ -311,12 +314,11 @@ def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke
     monkeypatch.setattr(tasks.train, "run_streaming", crash_after_first_checkpoint)
     monkeypatch.setattr(flows.pipeline, "train", flows.pipeline.train.with_options(retry_delay_seconds=0))
 
-    config = dataclasses.replace(smoke.config, run_name="smoke-retry")
-    flow_run_id, records, _ = run_flow(flows.pipeline.train_flow, config)
+    flow_run_id, records, _ = run_flow(flows.pipeline.train_flow, **{**smoke.params, "run_name": "smoke-retry"})
     (run,) = task_runs(flow_run_id)["train"]
     assert (run.state.name, run.run_count) == ("Completed", 2)
     assert starts == [0, 10]  # the retry resumed from checkpoint 10 instead of starting over
-    assert records["train"].steps == config.train["max_steps"]
+    assert records["train"].steps == smoke.config.max_steps
 
 
 def test_scheduled_evaluation_evaluates_each_checkpoint_exactly_once(smoke):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
+import time
 import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -130,19 +133,47 @@ def test_run_streaming_kills_the_whole_process_group_when_interrupted():
     with pytest.raises(Cancelled):
         run_streaming(["bash", "-c", script], on_line, grace_s=2.0)
     grandchild = int(seen[0])
+    deadline = time.monotonic() + 5  # the signal is sent; the grandchild's exit follows asynchronously
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not _alive(grandchild)
 
 
 def test_torchrun_command_single_node_and_rendezvous():
-    single = torchrun_command("gpt2.train", ["--config", "c.json"], nproc=2)
-    assert single[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gpt2.train",
-                          "--config", "c.json"]
-    elastic = Rendezvous(nnodes=2, rdzv_endpoint="node0:29400", rdzv_id="job7").torchrun_args()
-    assert elastic == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=job7"]
-    static = Rendezvous(nnodes=2, node_rank=1, master_addr="10.0.0.1").torchrun_args()
-    assert static == ["--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500"]
+    single = torchrun_command("gpt2.train", ["--config", "c.json"], nproc=2, run_id="run7")
+    assert single[1:] == ["-m", "torch.distributed.run", "--standalone", "--max-restarts=0", "--nproc-per-node=2",
+                          "-m", "common.lifetime", sys.executable, "-m", "gpt2.train", "--config", "c.json"]
+    elastic = Rendezvous(nnodes=2, rdzv_endpoint="node0:29400", max_restarts=3).torchrun_args("run7")
+    assert elastic == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=run7",
+                       "--max-restarts=3"]  # the run's own id, shared by its nodes, new for every run
+    named = Rendezvous(nnodes=2, rdzv_endpoint="node0:29400", rdzv_id="job7").torchrun_args("run7")
+    assert "--rdzv-id=job7" in named
+    static = Rendezvous(nnodes=2, node_rank=1, master_addr="10.0.0.1").torchrun_args("run7")
+    assert static == ["--nnodes=2", "--node-rank=1", "--master-addr=10.0.0.1", "--master-port=29500",
+                      "--max-restarts=0"]
     with pytest.raises(ValueError, match="rdzv_endpoint"):
-        Rendezvous(nnodes=2).torchrun_args()
+        Rendezvous(nnodes=2).torchrun_args("run7")
+
+
+def test_command_dies_with_the_thread_that_started_it_even_on_sigkill(tmp_path):
+    """A launcher process killed by SIGKILL (no handler runs) takes its command and the command's children along."""
+    pids = tmp_path / "pids"
+    script = (
+        "from tasks.launch import run_streaming\n"
+        f"run_streaming(['bash', '-c', 'echo $$ > {pids}; sleep 300'], print)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pids.read_text())
+    assert _alive(child)
+    launcher.kill()  # SIGKILL: no exception, no finally, no handler in the launcher
+    launcher.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from gpt2.train import MetricsLogger, flops_per_token, train
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
 from tests.fixtures.train.tiny import read_metrics, tiny_config
 
-D12_PARAMS = 124_475_904  # DESIGN.md: llm.c's count, padded wte included
+D12_PARAMS = 124_475_904  # llm.c's count, padded wte included (docs/reference.md)
 
 
 def test_flops_per_token_of_d12_is_designs_8e8():

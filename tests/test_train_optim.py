@@ -30,15 +30,50 @@ def test_cosine(final_frac):
     assert lr_at(STEPS, LR, STEPS, WARMUP, "cosine", final_frac) == pytest.approx(min_lr, abs=1e-15)
 
 
-def test_linear_constant_wsd():
+def test_linear_and_unknown():
     assert lr_at(550, LR, STEPS, WARMUP, "linear", 0.1) == pytest.approx(LR - 0.5 * 0.9 * LR)
-    assert lr_at(999, LR, STEPS, WARMUP, "constant") == LR
-    # wsd with decay_frac 0.2: stable until step 800, then linear to min_lr at step 1000
-    assert lr_at(799, LR, STEPS, WARMUP, "wsd", 0.0, 0.2) == LR
-    assert lr_at(900, LR, STEPS, WARMUP, "wsd", 0.0, 0.2) == pytest.approx(LR / 2)
-    assert lr_at(1000, LR, STEPS, WARMUP, "wsd", 0.0, 0.2) == pytest.approx(0.0, abs=1e-15)
     with pytest.raises(ValueError, match="unknown lr schedule"):
         lr_at(500, LR, STEPS, WARMUP, "step")
+
+
+def test_constant_warms_up_unlike_llmc():
+    # llm.c's `constant` ignores warmup (max_lr from step 0); ours warms up first, then stays at max_lr
+    assert lr_at(0, LR, STEPS, WARMUP, "constant") == pytest.approx(LR / WARMUP)
+    assert lr_at(WARMUP, LR, STEPS, WARMUP, "constant") == LR
+    assert lr_at(STEPS - 1, LR, STEPS, WARMUP, "constant", final_lr_frac=0.1) == LR  # no decay
+    assert lr_at(0, LR, STEPS, 0, "constant") == LR  # warmup 0: llm.c's constant
+
+
+@pytest.mark.parametrize("final_frac", [0.0, 0.1])
+def test_wsd_is_llmc_one_minus_sqrt_decay(final_frac):
+    # llm.c: stable until decay_point = (int)(0.8f * steps) = 800, then min + (1 - sqrt(r)) * (max - min)
+    # with r = (step - 800) / (1000 - 800)
+    min_lr = LR * final_frac
+    assert lr_at(WARMUP - 1, LR, STEPS, WARMUP, "wsd", final_frac, 0.2) == pytest.approx(LR)  # warmup as usual
+    assert lr_at(799, LR, STEPS, WARMUP, "wsd", final_frac, 0.2) == LR
+    assert lr_at(800, LR, STEPS, WARMUP, "wsd", final_frac, 0.2) == pytest.approx(LR)  # r = 0
+    for step, r in ((820, 0.1), (850, 0.25), (900, 0.5), (980, 0.9), (999, 0.995)):
+        expected = min_lr + (1 - math.sqrt(r)) * (LR - min_lr)
+        assert lr_at(step, LR, STEPS, WARMUP, "wsd", final_frac, 0.2) == pytest.approx(expected, rel=1e-12), step
+    assert lr_at(850, LR, STEPS, WARMUP, "wsd", final_frac, 0.2) == pytest.approx(min_lr + 0.5 * (LR - min_lr))
+    assert lr_at(STEPS, LR, STEPS, WARMUP, "wsd", final_frac, 0.2) == pytest.approx(min_lr, abs=1e-15)
+
+
+def test_wsd_decay_point_is_llmcs_float32_truncation():
+    # 7 steps: (int)(0.8f * 7) = (int)5.6 = 5, so steps 5 and 6 decay: r = 0 and 1/2
+    assert lr_at(4, LR, 7, 0, "wsd", 0.0, 0.2) == LR
+    assert lr_at(5, LR, 7, 0, "wsd", 0.0, 0.2) == LR
+    assert lr_at(6, LR, 7, 0, "wsd", 0.0, 0.2) == pytest.approx(LR * (1 - math.sqrt(0.5)))
+    # decay_frac generalises llm.c's fixed 20 %: the point is (int)(float32(1 - decay_frac) * steps), and
+    # float32(0.9) * 10 rounds to 9.0 in float32 (as C computes it), not to 8.99999976
+    assert lr_at(8, LR, 10, 0, "wsd", 0.0, 0.1) == LR
+    assert lr_at(9, LR, 10, 0, "wsd", 0.0, 0.1) == LR  # r = 0
+
+
+def test_wsd_decay_point_inside_warmup_follows_llmc():
+    # warmup 90 of 100 steps, decay point 80: llm.c warms up through step 89, then decays from r = 10/20
+    assert lr_at(89, LR, 100, 90, "wsd", 0.0, 0.2) == pytest.approx(LR)
+    assert lr_at(90, LR, 100, 90, "wsd", 0.0, 0.2) == pytest.approx(LR * (1 - math.sqrt(0.5)))
 
 
 def test_weight_decay_only_on_matrices():

@@ -1,0 +1,67 @@
+"""The repository is self-contained: no file cites a document users do not have, and doc links resolve."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini", ""}
+# a design file outside the repository, a parent directory's shared folder, an issue tracker entry
+OUTSIDE_CITATION = re.compile(r"DESIGN\.md|\.\./shared|\bissues? #?\d+\b", re.IGNORECASE)
+THIS_FILE = Path(__file__).resolve()
+
+
+def _project_files():
+    """The repository's own files: tracked or about to be (untracked but not ignored), never build output."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            check=True, capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        path = REPO / rel
+        if path.is_file() and path.suffix in TEXT_SUFFIXES and path.resolve() != THIS_FILE:
+            yield path
+
+
+def test_no_file_cites_a_document_outside_the_repository():
+    hits = []
+    for path in _project_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # binary fixture
+        for line_no, line in enumerate(text.splitlines(), start=1):
+            if OUTSIDE_CITATION.search(line):
+                hits.append(f"{path.relative_to(REPO)}:{line_no}: {line.strip()}")
+    assert not hits, "citations of documents users do not have:\n" + "\n".join(hits)
+
+
+MARKDOWN = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    headings = re.findall(r"^#+ (.+)$", doc.read_text(encoding="utf-8"), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+@pytest.mark.parametrize("doc", MARKDOWN, ids=lambda p: str(p.relative_to(REPO)))
+def test_relative_links_and_doc_references_resolve(doc):
+    text = doc.read_text(encoding="utf-8")
+    problems = []
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        if "://" in target or ":" in target:
+            continue  # a web address
+        path = doc.parent / target if target else doc
+        if not path.exists():
+            problems.append(f"{target}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            problems.append(f"{target}#{anchor}: no such heading")
+    for named in re.findall(r"\b(docs/[\w-]+\.md)\b", text):  # docs/x.md named in prose, from the root
+        if not (REPO / named).exists():
+            problems.append(f"{named}: no such file")
+    assert not problems, f"{doc.name}: {problems}"
+
+
+def test_readme_links_the_reference_page():
+    assert "docs/reference.md" in (REPO / "README.md").read_text(encoding="utf-8")

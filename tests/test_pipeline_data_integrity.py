@@ -1,0 +1,131 @@
+"""The data stages against a real (temporary) Prefect server: inputs are identified by content, outputs are
+verified, and a mistyped source fails at once. Only download, tokenize and hellaswag run (no training),
+so the module takes seconds after the server is up. Tests run in file order and share one artifacts root.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_pipeline_flows import prefect_server, run_flow, smoke_params, states, task_runs  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+CORPUS = REPO / "tests" / "fixtures" / "pipeline" / "corpus.jsonl"
+HELLASWAG = REPO / "tests" / "fixtures" / "pipeline" / "hellaswag_mini.jsonl"
+
+
+@pytest.fixture(scope="module")
+def data_params(prefect_server):  # noqa: F811
+    """The smoke deployment's parameters, reading a 100-document copy of the corpus that tests edit."""
+    corpus = prefect_server / "corpus.jsonl"
+    corpus.write_text("".join(CORPUS.read_text().splitlines(keepends=True)[:100]))
+    return smoke_params(prefect_server / "data-artifacts", source=str(corpus))
+
+
+def manifest(record) -> dict:
+    return json.loads((Path(record.out_dir) / "manifest.json").read_text())
+
+
+def test_edited_corpus_reruns_download_and_tokenize_then_nothing_changed_is_all_cached(data_params):
+    from flows.pipeline import tokenize_flow
+
+    _, first, _ = run_flow(tokenize_flow, **data_params)
+    assert manifest(first["tokenize"])["num_documents"] == 100
+
+    Path(data_params["source"]).write_text(CORPUS.read_text())  # edited in place: 150 documents
+    flow_run_id, records, _ = run_flow(tokenize_flow, **data_params)
+    assert states(flow_run_id) == {"download": "Completed", "tokenize": "Completed"}
+    assert manifest(records["tokenize"])["num_documents"] == 150
+    assert records["tokenize"].num_tokens > first["tokenize"].num_tokens
+
+    flow_run_id, again, _ = run_flow(tokenize_flow, **data_params)
+    assert states(flow_run_id) == {"download": "Cached", "tokenize": "Cached"}
+    assert again["tokenize"] == records["tokenize"]
+
+
+def test_a_file_added_to_a_corpus_folder_reruns_download_and_tokenize(data_params, tmp_path):
+    from flows.pipeline import tokenize_flow
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("".join(CORPUS.read_text().splitlines(keepends=True)[:30]))
+    config = {**data_params, "source": str(folder), "dataset": "folder"}
+    _, first, _ = run_flow(tokenize_flow, **config)
+    assert manifest(first["tokenize"])["num_documents"] == 30
+    (folder / "b.jsonl").write_text("".join(CORPUS.read_text().splitlines(keepends=True)[30:50]))
+    flow_run_id, records, _ = run_flow(tokenize_flow, **config)
+    assert states(flow_run_id) == {"download": "Completed", "tokenize": "Completed"}
+    assert manifest(records["tokenize"])["num_documents"] == 50
+
+
+def test_changed_shard_size_rebuilds_the_shards(data_params):
+    from flows.pipeline import tokenize_flow
+
+    config = {**data_params, "shard_size": 3000}
+    flow_run_id, records, _ = run_flow(tokenize_flow, **config)
+    assert isinstance(records, dict), records
+    assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
+    shards = manifest(records["tokenize"])["shards"]
+    assert [s["ntok"] for s in shards[:-1]] == [3000] * (len(shards) - 1)
+    assert sorted(p.name for p in Path(records["tokenize"].out_dir).glob("*.bin")) == sorted(s["file"] for s in shards)
+
+
+def test_changed_hellaswag_source_writes_the_new_eval_file(data_params, tmp_path):
+    from data.hellaswag import iter_jsonl, read_eval_file, render_example
+    from flows.pipeline import hellaswag_flow
+
+    _, first, _ = run_flow(hellaswag_flow, **data_params)
+    assert first["hellaswag"].num_examples == 8
+    three = tmp_path / "three.jsonl"
+    three.write_text("".join(HELLASWAG.read_text().splitlines(keepends=True)[:3]))
+    flow_run_id, records, _ = run_flow(hellaswag_flow, **{**data_params, "hellaswag_source": str(three)})
+    assert states(flow_run_id) == {"hellaswag": "Completed"}
+    assert records["hellaswag"].num_examples == 3
+    assert read_eval_file(records["hellaswag"].path) == [render_example(r, i) for i, r in enumerate(iter_jsonl(three))]
+
+
+def test_a_mistyped_local_source_fails_at_once_naming_the_path(data_params, monkeypatch):
+    import flows.pipeline
+    from data.fineweb import SourceNotFound
+
+    monkeypatch.setattr(flows.pipeline, "download_documents",
+                        flows.pipeline.download_documents.with_options(retry_delay_seconds=0, retry_jitter_factor=None))
+    flow_run_id, error, _ = run_flow(flows.pipeline.download_flow,
+                                     **{**data_params, "source": "work/mydocs", "dataset": "typo"})
+    assert isinstance(error, SourceNotFound) and "work/mydocs: no such file or folder" in str(error)
+    (run,) = task_runs(flow_run_id)["download"]
+    assert (run.state.name, run.run_count) == ("Failed", 1)
+
+
+def test_a_same_size_corrupted_shard_is_rebuilt_alone(data_params):
+    from flows.pipeline import tokenize_flow
+
+    _, records, _ = run_flow(tokenize_flow, **data_params)
+    shards = manifest(records["tokenize"])["shards"]
+    out = Path(records["tokenize"].out_dir)
+    target = out / shards[1]["file"]
+    good = target.read_bytes()
+    target.write_bytes(good[:-2] + bytes([good[-2] ^ 0xFF, good[-1]]))
+    others = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in shards if s["file"] != target.name}
+    flow_run_id, _, _ = run_flow(tokenize_flow, **data_params)
+    assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
+    assert target.read_bytes() == good
+    assert {f: (out / f).stat().st_mtime_ns for f in others} == others
+
+
+def test_tokenize_reports_progress_as_a_prefect_progress_artifact(data_params):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.pipeline import tokenize_flow
+
+    run_flow(tokenize_flow, **{**data_params, "shard_size": 5000})  # a rebuild: documents tokenized
+    key = f"tokenize-progress-{data_params['dataset']}"
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert artifacts and {a.type for a in artifacts} == {"progress"}
+    assert {a.data for a in artifacts} == {100.0}  # every tokenize run of this module finished

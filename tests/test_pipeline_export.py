@@ -1,0 +1,95 @@
+"""The export stage against a real (temporary) Prefect server: a Hugging Face directory, cached by content."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+TINY_GPT2 = "n_layer=2,n_head=2,n_embd=32,block_size=64,vocab_size=50257"
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    root = tmp_path_factory.mktemp("export")
+    with prefect_test_harness(server_startup_timeout=180), \
+            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
+        yield root
+
+
+def _export_flow():
+    from prefect import flow
+
+    from tasks.export import export_hf
+
+    @flow(name="export-test")
+    def export_flow(checkpoint):
+        state = export_hf(checkpoint, return_state=True)
+        return state.name, state.result()
+
+    return export_flow
+
+
+def _artifact(key: str, settle_s: float = 30.0):
+    """The latest artifact with `key`; the server records artifacts asynchronously."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    deadline = time.monotonic() + settle_s
+    with get_client(sync_client=True) as client:
+        while True:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            if found or time.monotonic() > deadline:
+                return found[-1] if found else None
+            time.sleep(0.5)
+
+
+def test_export_stage_writes_a_loadable_directory_cached_by_content(prefect_server):
+    from gpt2.checkpoint import load_model, write_initial_checkpoint
+    from tasks.init import CheckpointRecord
+
+    run_dir = prefect_server / "runs" / "tiny"
+    checkpoint = CheckpointRecord.of(write_initial_checkpoint(run_dir, TINY_GPT2, seed=5), TINY_GPT2)
+    export_flow = _export_flow()
+
+    state, record = export_flow(checkpoint)
+    assert state == "Completed"
+    out = Path(record.path)
+    assert out == (run_dir / "hf_step_00000000").resolve() and record.step == 0
+    assert {Path(f.path).name for f in record.files} >= {"model.safetensors", "config.json", "tokenizer.json"}
+
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out, local_files_only=True).eval()
+    ours, _ = load_model(checkpoint.path)
+    idx = torch.randint(0, 50257, (1, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=idx).logits, ours(idx)[0], rtol=1e-5, atol=1e-5)
+    artifact = _artifact("hf-export-tiny")
+    assert artifact is not None and f'GPT2LMHeadModel.from_pretrained("{out}")' in artifact.data
+
+    # same checkpoint content: from cache, nothing rewritten
+    mtime = (out / "model.safetensors").stat().st_mtime_ns
+    state, again = export_flow(checkpoint)
+    assert (state, again) == ("Cached", record)
+    assert (out / "model.safetensors").stat().st_mtime_ns == mtime
+
+    # a damaged export is not served from cache: it is written again
+    (out / "model.safetensors").write_bytes(b"truncated")
+    state, redone = export_flow(checkpoint)
+    assert state == "Completed"
+    assert {f.path: f.sha256 for f in redone.files} == {f.path: f.sha256 for f in record.files}  # same bytes
+    assert all(f.problem() is None for f in redone.files)
+    transformers.GPT2LMHeadModel.from_pretrained(out, local_files_only=True)
+
+
+def test_export_code_covers_the_tokenizer_and_the_weight_mapping():
+    from tasks.cache import code_closure
+    from tasks.export import EXPORT_CODE
+
+    assert {"gpt2.export_hf", "gpt2.hf", "data.tokenizer", "gpt2.checkpoint"} <= set(code_closure(EXPORT_CODE))
