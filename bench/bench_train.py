@@ -43,12 +43,12 @@ from typing import Callable
 import torch
 
 import gpt2.model
+import kernels.cross_entropy
+from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.train import flops_per_token, peak_flops
-import kernels.cross_entropy
-from gpt2 import step as step_fns
 from kernels.attention import configure_sdpa, enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
 
