@@ -11,12 +11,11 @@ continues bit-exactly. A new run starts from `--init-from`'s weights when given.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,14 +27,15 @@ from common.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate
+from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
 from gpt2.distributed import (
-    DistContext, all_reduce_mean, autocast_context, autocast_dtype, broadcast_object, gather_objects, setup, teardown,
+    DistContext, all_reduce_mean, autocast_dtype, broadcast_object, gather_objects, setup, teardown,
 )
 from gpt2.guard import OutlierGuard
 from gpt2.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt2.model import GPT
-from gpt2.optim import configure_optimizer, lr_at
+from gpt2.optim import configure_optimizer, full_state_dict, lr_at
 from gpt2.run_dir import RunDir, RunDirLocked
 from gpt2.sample import sample_text
 from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
@@ -103,27 +103,15 @@ def forward_backward(
 ) -> tuple[float, float]:
     """Forward/backward over `grad_accum` micro-batches; returns (loss averaged over ranks, grad norm).
 
-    `model` may be compiled and DDP-wrapped: its parameters are the plain module's, so clipping them clips
-    the plain module's gradients. Gradients are left in place: the caller decides whether to apply them.
+    The step itself is gpt2/step.py's (the benchmark and the numerics check call the same). Gradients
+    are left in place, clipped: the caller decides whether to apply them.
     """
-    model.train()
-    loss_accum = torch.zeros((), device=ctx.device)
-    for micro_step in range(grad_accum):
-        x, y = loader.next_batch()
-        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
-        last = micro_step == grad_accum - 1
-        # DDP all-reduces gradients in backward; only the last micro-step's backward needs to
-        sync = model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
-        with sync:
-            with autocast_context(ctx.device, config.dtype):
-                _, loss = model(x, y, return_logits=False)
-            loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
-            loss_accum += loss.detach().float()
-            loss.backward()  # .grad is float32 (the parameters are): micro-steps add in float32
-    all_reduce_mean(loss_accum, ctx)
-    max_norm = config.grad_clip if config.grad_clip > 0 else math.inf
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return loss_accum.item(), norm.item()
+    batches = ((x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
+               for x, y in (loader.next_batch() for _ in range(grad_accum)))
+    loss = step_fns.forward_backward(model, batches, grad_accum, ctx.device, config.dtype)
+    all_reduce_mean(loss, ctx)
+    norm = step_fns.clip_gradients(model.parameters(), config.grad_clip)
+    return loss.item(), norm.item()
 
 
 @dataclass
@@ -150,7 +138,8 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
     else:
         raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
     optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
-                                    config.eps, fused=ctx.device.type == "cuda")
+                                    config.eps, fused=ctx.device.type == "cuda",
+                                    zero1=config.zero1 and ctx.is_distributed)
     guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
     train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, shuffle=config.shuffle, seed=config.seed)
@@ -261,11 +250,7 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
         decision = run.guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
             logger.print(f"step {step + 1}: update skipped: {decision.reason}")
-        else:
-            for group in run.optimizer.param_groups:
-                group["lr"] = lr
-            run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        step_fns.optimizer_step(run.optimizer, lr, skip=decision.skip)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()  # the step's kernels have finished: dt is the step's real time
         dt = time.perf_counter() - t0
@@ -335,9 +320,10 @@ def _save(step: int, config: TrainConfig, model_config: GPTConfig, run: _Run, ct
     """Checkpoint after `step` optimizer steps; every rank contributes its loader and RNG state."""
     loader_states = gather_objects(run.train_loader.state_dict(), ctx)  # collective: every rank calls it
     rng_states = gather_objects(ckpt.capture_rng_state(), ctx)
+    optimizer_state = full_state_dict(run.optimizer)  # collective under ZeRO-1
     path = RunDir(config.out_dir).checkpoint(step)
     if ctx.is_master:
-        state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": optimizer_state,
                  "guard": run.guard.state_dict(), "loader": loader_states, "rng": rng_states,
                  "world_size": ctx.world_size, "config": config.to_dict(), "model_config": asdict(model_config)}
         ckpt.save_checkpoint(config.out_dir, step, state, run.raw_model, config.model_file_dtype, config.keep_last)

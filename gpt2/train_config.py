@@ -95,6 +95,8 @@ class TrainConfig:
                       "bfloat16 or float32; weights, gradients and optimizer state are always float32")
     compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
     kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
+    zero1: bool = _opt(False, "ZeRO-1: shard the AdamW state across the DDP ranks (each holds 1/world of it); "
+                       "no effect on one process")
     log_every: int = _opt(1, "print a log line every N steps (metrics.jsonl gets every step)")
     peak_flops: float = _opt(0.0, "peak FLOP/s for MFU; 0: the GPU's bf16 dense peak when known")
 
