@@ -1,14 +1,21 @@
 """Training-step benchmark: our kernels vs plain PyTorch + torch.compile, in one run, one table.
 
 For each variant it builds the model (llm.c init), fused AdamW and torch.compile, then times full
-optimizer steps (grad_accum micro-steps of B x T random tokens under bf16 autocast, grad-norm clip,
-AdamW) after warm-up, and reports tokens/s, MFU, peak GPU memory and step time:
+optimizer steps after warm-up, each one gpt2/step.py's step as gpt2.train runs it (grad_accum
+micro-steps of B x T random tokens under bf16 autocast, grad-norm clip, AdamW), and reports tokens/s,
+MFU, peak GPU memory and step time:
 
-  kernels             GPT(use_kernels=True): fused residual+LayerNorm, fused classifier, SDPA backend
-                      checked and pinned by kernels.configure_sdpa (cuDNN first), torch.compile for the rest
-  kernels-compile-ln  the same, but residual add + LayerNorm written in plain ops for Inductor to fuse
-                      (is our kernel worth keeping inside the whole step?)
-  baseline            GPT(use_kernels=False): plain model + torch.compile + SDPA flash + fused AdamW
+  kernels               GPT(use_kernels=True): fused residual+LayerNorm, fused classifier, SDPA backend
+                        checked and pinned by kernels.configure_sdpa (cuDNN first), torch.compile for the rest
+  kernels-compile-ln    the same, but residual add + LayerNorm written in plain ops for Inductor to fuse
+                        (is our kernel worth keeping inside the whole step?)
+  kernels-dw-add        the same, but the classifier's dW accumulated by a separate add, as before
+                        kernels.cross_entropy.accumulate_dw (is the matmul-epilogue accumulation worth it?)
+  kernels-max-autotune  the kernels path compiled with mode="max-autotune-no-cudagraphs" (Triton GEMM
+                        templates with the pointwise work, GELU included, fused into their epilogues)
+  plain                 GPT(use_kernels=False) the way build-nanogpt trains: whole model compiled, PyTorch's
+                        default SDPA dispatch, fused AdamW, TF32 'high': the in-run plain-PyTorch peer
+                        (bench/peer_nanogpt.py runs build-nanogpt itself)
 
 Each variant also profiles one step, CUDA time grouped by kernel kind (where the time goes). Then,
 unless switched off: per-kernel timings at the training shapes (bench/bench_kernels.py) and the
@@ -36,26 +43,32 @@ from typing import Callable
 import torch
 
 import gpt2.model
+import kernels.cross_entropy
+from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
-from gpt2.distributed import autocast_context
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
-from gpt2.train import flops_per_token, peak_flops
-from kernels.attention import configure_sdpa
+from gpt2.metrics import flops_per_token, peak_flops
+from kernels.attention import configure_sdpa, enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
 
 
 @dataclass(frozen=True)
 class Variant:
     use_kernels: bool
-    sdpa: tuple[str, ...]  # SDPA backend preference (kernels.configure_sdpa)
+    sdpa: tuple[str, ...] | None  # SDPA backend preference (kernels.configure_sdpa); None: PyTorch's default
     fused_layernorm: bool = True  # False: the kernels path with add+LayerNorm left to Inductor
+    dw_in_epilogue: bool = True  # False: the classifier's dW accumulated by a separate add
+    compile_mode: str | None = None  # torch.compile's mode
 
 
+KERNELS_SDPA = ("cudnn", "flash")
 VARIANTS = {
-    "kernels": Variant(use_kernels=True, sdpa=("cudnn", "flash")),
-    "kernels-compile-ln": Variant(use_kernels=True, sdpa=("cudnn", "flash"), fused_layernorm=False),
-    "baseline": Variant(use_kernels=False, sdpa=("flash",)),
+    "kernels": Variant(use_kernels=True, sdpa=KERNELS_SDPA),
+    "kernels-compile-ln": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fused_layernorm=False),
+    "kernels-dw-add": Variant(use_kernels=True, sdpa=KERNELS_SDPA, dw_in_epilogue=False),
+    "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
+    "plain": Variant(use_kernels=False, sdpa=None),
 }
 
 
@@ -63,6 +76,13 @@ def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None):
     """kernels.add_layernorm's signature over its plain formula, which torch.compile then fuses itself."""
     residual, out = add_layernorm_reference(x, y, weight, bias, eps)
     return residual, out.to(out_dtype or x.dtype)
+
+
+def separate_add_dw(dw, dlogits, xc):
+    """The classifier's dW accumulation as it was before the matmul epilogue took it: a bf16 product,
+    then a separate mixed-dtype add into the fp32 accumulator."""
+    dw += dlogits.t() @ xc
+    return dw
 
 
 @dataclass
@@ -94,23 +114,16 @@ def environment() -> dict[str, str]:
 
 def train_step_fn(model: torch.nn.Module, raw: GPT, optimizer: torch.optim.Optimizer,
                   batches: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """One optimizer step over batches (grad_accum, B, T+1), as gpt2.train does it (without DDP)."""
+    """One optimizer step over batches (grad_accum, B, T+1): gpt2/step.py's, as gpt2.train calls it
+    (without DDP, data loading or the outlier guard)."""
     grad_accum = batches.size(0)
-    device = batches.device
 
     def step() -> torch.Tensor:
-        loss_sum = torch.zeros((), device=device)
-        for tokens in batches:
-            x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
-            with autocast_context(device, "bfloat16"):
-                _, loss = model(x, y, return_logits=False)
-            loss = loss / grad_accum
-            loss.backward()
-            loss_sum += loss.detach()
-        torch.nn.utils.clip_grad_norm_(raw.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss_sum
+        micro_batches = ((tokens[:, :-1], tokens[:, 1:]) for tokens in batches)  # (B, T) each
+        loss = step_fns.forward_backward(model, micro_batches, grad_accum, batches.device, "bfloat16")
+        step_fns.clip_gradients(raw.parameters(), 1.0)
+        step_fns.optimizer_step(optimizer, 6e-4)
+        return loss
 
     return step
 
@@ -122,7 +135,9 @@ def measure_variant(variant: str, descriptor: str, B: int, T: int, grad_accum: i
     # the model looks add_layernorm up when compile traces it: swapped while this variant runs only
     layernorm = (contextlib.nullcontext() if spec.fused_layernorm
                  else unittest.mock.patch.object(gpt2.model, "add_layernorm", inductor_add_layernorm))
-    with layernorm:
+    dw = (contextlib.nullcontext() if spec.dw_in_epilogue
+          else unittest.mock.patch.object(kernels.cross_entropy, "accumulate_dw", separate_add_dw))
+    with layernorm, dw:
         return _measure(variant, spec, descriptor, B, T, grad_accum, steps, warmup, profile_path)
 
 
@@ -131,10 +146,14 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
     config = GPTConfig.from_descriptor(descriptor)
     torch._dynamo.reset()  # each variant compiles from scratch with its own SDPA backend
     torch.cuda.empty_cache()
-    sdpa = configure_sdpa(config.n_head, config.head_size, preference=spec.sdpa)
+    if spec.sdpa is None:
+        sdpa = "default"
+        enable_all_sdpa_backends()  # undo an earlier variant's pinning
+    else:
+        sdpa = configure_sdpa(config.n_head, config.head_size, preference=spec.sdpa)
     raw = GPT.create(config, seed=42, device="cuda", use_kernels=spec.use_kernels)
     optimizer = configure_optimizer(raw, 6e-4, 0.1, fused=True)
-    model = torch.compile(raw)
+    model = torch.compile(raw, mode=spec.compile_mode)
     g = torch.Generator(device="cuda").manual_seed(1337)
     batches = torch.randint(0, config.vocab_size, (grad_accum, B, T + 1), device="cuda", generator=g)
     step = train_step_fn(model, raw, optimizer, batches)
@@ -159,6 +178,18 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
         result.profile_ms = profile_step(step, profile_path)
     del model, raw, optimizer, step
     return result
+
+
+def largest_fitting(descriptor: str, batch_sizes: list[int], T: int, total_batch: int) -> StepResult:
+    """The kernels variant at the first micro-batch of `batch_sizes` (largest first) that runs without
+    running out of GPU memory; 2 timed steps after 1 warm-up."""
+    for B in batch_sizes:
+        try:
+            return measure_variant("kernels", descriptor, B, T, max(1, total_batch // (B * T)), steps=2, warmup=1)
+        except torch.OutOfMemoryError:
+            print(f"{descriptor} B={B}: out of GPU memory", flush=True)
+            torch.cuda.empty_cache()
+    raise RuntimeError(f"{descriptor}: none of B={batch_sizes} fits")
 
 
 def profile_step(step: Callable[[], torch.Tensor], table_path: Path) -> list[tuple[str, float]]:
@@ -204,19 +235,21 @@ def format_profile(groups: list[tuple[str, float]]) -> str:
                       "| kind | ms | share |", "| --- | ---: | ---: |", *rows, f"| total | {total:.1f} | |"])
 
 
-def format_steps(results: list[StepResult]) -> str:
+def format_steps(results: list[StepResult], peer_tokens_per_s: float | None = None) -> str:
     lines = ["| variant | model | B x T x accum | SDPA | step ms | tokens/s | MFU | peak alloc GB | peak reserved GB |",
              "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
         lines.append(f"| {r.variant} | {r.model} | {r.B} x {r.T} x {r.grad_accum} | {r.sdpa_backend} | "
                      f"{r.step_ms:.1f} | {r.tokens_per_s:,.0f} | {100 * r.mfu:.1f}% | {r.peak_mem_gb:.1f} | "
                      f"{r.peak_reserved_gb:.1f} |")
-    by_name = {r.variant: r for r in results if r.model == results[0].model}
-    if "baseline" in by_name:
-        lines.append("")
-        for name, r in by_name.items():
-            if name != "baseline":
-                lines.append(f"{name} / baseline tokens/s: {r.tokens_per_s / by_name['baseline'].tokens_per_s:.3f}x")
+    same_model = [r for r in results if r.model == results[0].model]
+    peers = {"plain (in this process)": next((r.tokens_per_s for r in same_model if r.variant == "plain"), None),
+             "build-nanogpt (--peer)": peer_tokens_per_s}
+    for peer, tokens_per_s in peers.items():
+        if tokens_per_s:
+            lines.append("")
+            lines += [f"{r.variant} / {peer}: {r.tokens_per_s / tokens_per_s:.3f}x"
+                      for r in same_model if r.variant != "plain"]
     return "\n".join(lines)
 
 
@@ -235,12 +268,18 @@ def main() -> None:
                         help="override the micro-steps per timed step (steady state is per micro-step)")
     parser.add_argument("--steps", type=int, default=3, help="timed optimizer steps per variant (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (compile) (default 1)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=["kernels", "plain"], choices=list(VARIANTS),
+                        help="default: kernels plain; none with --variants alone")
     parser.add_argument("--no-kernel-table", action="store_true", help="skip the per-kernel timings")
     parser.add_argument("--no-profile", action="store_true", help="skip the per-kernel-kind profile")
     parser.add_argument("--numerics-steps", type=int, default=50, help="0 skips the numerics check (default 50)")
     parser.add_argument("--extra", nargs="*", default=[], metavar="MODEL:B",
-                        help="also time the kernels variant of these, e.g. d24:16 (grad_accum from --total-batch)")
+                        help="also time the kernels variant of these, e.g. d24:16 (grad_accum from --total-batch); "
+                             "MODEL:B1,B2,... tries each micro-batch in turn and keeps the first that fits")
+    parser.add_argument("--extra-total-batch", type=int, default=None,
+                        help="tokens per optimizer step of the --extra runs (default --total-batch); fewer "
+                             "micro-steps per timed step shorten the run, the per-micro-step rate is the same")
+    parser.add_argument("--peer", help="JSON written by bench.peer_nanogpt --out: print each variant's ratio to it")
     parser.add_argument("--section-timeout", type=int, default=300,
                         help="seconds before a part (one variant, the kernel table, ...) is abandoned (default 300)")
     parser.add_argument("--out", default="artifacts/bench", help="folder for JSON, profile and log files")
@@ -307,17 +346,18 @@ def main() -> None:
 
         section("numerics: kernels and plain bf16 vs fp32", numerics_section)
     for spec in args.extra:
-        model, b = spec.split(":")
+        model, batch_sizes = spec.split(":")
 
-        def extra_section(model=model, b=int(b)) -> str:
-            r = record(measure_variant("kernels", model, b, T, args.total_batch // (b * T), steps=2, warmup=1))
+        def extra_section(model=model, batch_sizes=[int(b) for b in batch_sizes.split(",")]) -> str:
+            r = record(largest_fitting(model, batch_sizes, T, args.extra_total_batch or args.total_batch))
             return format_steps([r])
 
-        section(f"kernels {model} B={b}", extra_section)
+        section(f"kernels {model} B in {batch_sizes}", extra_section)
 
+    peer = json.loads(Path(args.peer).read_text())["tokens_per_s"] if args.peer else None
     summary = "\n\n".join(sections)
     (out_dir / "bench.md").write_text(f"{json.dumps(report['env'])}\n\n{summary}\n")
-    print("\n# summary\n" + format_steps(results) if results else "no step results", flush=True)
+    print("\n# summary\n" + format_steps(results, peer) if results else "no step results", flush=True)
 
 
 if __name__ == "__main__":

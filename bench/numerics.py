@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.distributed import autocast_context
+from gpt2 import step as step_fns
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
 from kernels.attention import configure_sdpa
@@ -90,17 +90,13 @@ def train_path(descriptor: str, path: Path, batches: torch.Tensor) -> tuple[list
     device = torch.device("cuda")
     losses, first_grads = [], {}
     with contextlib.nullcontext() if path.bf16 else exact_fp32():
-        for step, tokens in enumerate(batches.to(device)):
-            with autocast_context(device, "bfloat16" if path.bf16 else "float32"):
-                _, loss = model(tokens[:, :-1], tokens[:, 1:], return_logits=False)
-            loss.backward()
+        for step, tokens in enumerate(batches.to(device)):  # gpt2/step.py's step, one micro-batch
+            micro_batch = [(tokens[:, :-1], tokens[:, 1:])]
+            loss = step_fns.forward_backward(model, micro_batch, 1, device, "bfloat16" if path.bf16 else "float32")
             if step == 0:
                 first_grads = {name: p.grad.float().cpu() for name, p in model.named_parameters()}
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, 6e-4, steps, warmup_steps=10)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            step_fns.clip_gradients(model.parameters(), 1.0)
+            step_fns.optimizer_step(optimizer, lr_at(step, 6e-4, steps, warmup_steps=10))
             losses.append(loss.item())
     return losses, first_grads
 

