@@ -48,7 +48,7 @@ from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
-from gpt2.train import flops_per_token, peak_flops
+from gpt2.metrics import flops_per_token, peak_flops
 from kernels.attention import configure_sdpa, enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
 

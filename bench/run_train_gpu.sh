@@ -5,14 +5,27 @@
 # run, and the multi-GPU scaling, from each run's metrics.jsonl; writes them to $OUT/summary.json.
 #
 #   bench/run_train_gpu.sh [extra gpt2.train flags, e.g. --no-kernels or --no-compile]
+#   bench/run_train_gpu.sh --print-train-flags     # the gpt2.train flags it would use, nothing else
 #
 # Environment: OUT (default artifacts/bench/train), STEPS (default 40), SKIP (untimed first steps:
-# compilation and warm-up, default 10), PYTHON (default .venv/bin/python if present, else python3).
+# compilation and warm-up, default 10), WARMUP (learning-rate warmup steps, default STEPS/4: the
+# recipe's 700 would exceed STEPS), PYTHON (default .venv/bin/python if present, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-artifacts/bench/train}
 STEPS=${STEPS:-40}
 SKIP=${SKIP:-10}
+WARMUP=${WARMUP:-$(( STEPS / 4 ))}
+train_flags() {  # train_flags OUT_DIR: gpt2.train's flags of one benchmark run
+    echo --model d12 --batch-size 64 --seq-len 1024 --total-batch-size 524288 --max-steps "$STEPS" \
+        --warmup-steps "$WARMUP" --train-data "$OUT/shards/*_train_*.bin" --val-data "$OUT/shards/*_val_*.bin" \
+        --val-every 0 --hellaswag-every 0 --sample-every 0 --checkpoint-every 0 --log-every 5 \
+        --out-dir "$1" --no-resume
+}
+if [[ "${1:-}" == --print-train-flags ]]; then
+    train_flags "$OUT/run_1gpu"
+    exit 0
+fi
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi
@@ -48,11 +61,10 @@ run() {  # run NPROC: one training run of STEPS steps on NPROC GPUs
     local nproc=$1 dir="$OUT/run_${1}gpu"
     rm -rf "$dir"
     echo "=== d12 on $nproc GPU(s) -> $dir"
+    local flags
+    read -ra flags <<<"$(train_flags "$dir")"
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m gpt2.train \
-        --model d12 --batch-size 64 --seq-len 1024 --total-batch-size 524288 --max-steps "$STEPS" \
-        --train-data "$OUT/shards/*_train_*.bin" --val-data "$OUT/shards/*_val_*.bin" \
-        --val-every 0 --hellaswag-every 0 --sample-every 0 --checkpoint-every 0 --log-every 5 \
-        --out-dir "$dir" --no-resume "${@:2}" 2>&1 | tee "$OUT/log_${nproc}gpu.txt"
+        "${flags[@]}" "${@:2}" 2>&1 | tee "$OUT/log_${nproc}gpu.txt"
 }
 
 run 1 "$@"
@@ -68,16 +80,17 @@ import sys
 from pathlib import Path
 
 from common.files import write_json
+from gpt2.run_dir import RunDir
 
 out, skip = Path(sys.argv[1]), int(sys.argv[2])
 runs, settings, resolved = {}, {}, {}
-for run_dir in sorted(out.glob("run_*gpu")):
-    settings = json.loads((run_dir / "config.json").read_text())
+for run_dir in map(RunDir, sorted(out.glob("run_*gpu"))):
+    settings = json.loads(run_dir.config.read_text())
     resolved = settings["resolved"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in run_dir.metrics.read_text().splitlines()]
     steps = [r for r in records if r["kind"] == "train"][skip:]
     if not steps:
-        sys.exit(f"{run_dir}: no train steps after the first {skip}; raise STEPS")
+        sys.exit(f"{run_dir.root}: no train steps after the first {skip}; raise STEPS")
     runs[resolved["world_size"]] = {
         "gpus": resolved["world_size"],
         "grad_accum_steps": resolved["grad_accum_steps"],

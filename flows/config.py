@@ -23,12 +23,9 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from data.hellaswag import HELLASWAG_VAL_URL
-from gpt2.train_config import TrainConfig
+from gpt2.train_config import WIRED_FIELDS, TrainConfig
 from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
-
-# TrainConfig fields the pipeline fills in from its own settings and stages, never set as training settings
-WIRED = ("model", "seed", "train_data", "val_data", "hellaswag", "out_dir")
 
 
 class _PipelineFields(BaseModel):
@@ -50,6 +47,9 @@ class _PipelineFields(BaseModel):
     # model
     model: str = Field("d12", description="model descriptor (d12, ...) or 'n_layer=..,n_head=..,n_embd=..,block_size=..'")
     seed: int = Field(42, description="seed of the weight init (PyTorch RNG order) and of sampling")
+    init_from: Optional[str] = Field(
+        None, description="weights to start from instead of llm.c's init: one of our checkpoints, an llm.c model "
+        "file or a Hugging Face GPT-2 directory (its shape must be `model`'s); the init stage records their content")
     # launching
     nproc: Optional[int] = Field(None, ge=1, description="processes per node; default one per visible GPU, else 1")
     rendezvous: Rendezvous = Field(Rendezvous(), description="torchrun across machines (docs/pipeline.md)")
@@ -60,11 +60,12 @@ class _PipelineFields(BaseModel):
 
 
 def _training_fields() -> dict[str, Any]:
-    """TrainConfig's fields (less WIRED) as optional pydantic fields; None: gpt2.train's default."""
+    """TrainConfig's fields, less those the pipeline wires itself, as optional pydantic fields; None: gpt2.train's
+    default."""
     types = typing.get_type_hints(TrainConfig)
     return {
         f.name: (Optional[types[f.name]], Field(None, description=f"{f.metadata['help']} (gpt2.train default: {f.default})"))
-        for f in dataclasses.fields(TrainConfig) if f.name not in WIRED
+        for f in dataclasses.fields(TrainConfig) if f.name not in WIRED_FIELDS
     }
 
 
@@ -104,7 +105,7 @@ class PipelineSettings(create_model("_Settings", __base__=_PipelineFields, **_tr
 
 
 def training_setting_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in WIRED]
+    return [f.name for f in dataclasses.fields(TrainConfig) if f.name not in WIRED_FIELDS]
 
 
 class SettingsError(ValueError):

@@ -14,7 +14,6 @@ stage itself even when its cached output is valid. Every flow validates all its 
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -22,17 +21,17 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture
 
-from common.files import read_json
 from flows.config import PipelineSettings, check_settings, merge_with_deployment, settings_parameters
+from gpt2.run_dir import RunDir
 from tasks.cache import StageRecord
 from tasks.download import download_documents
-from tasks.evaluate import EvalSettings, evaluate_checkpoint, read_evaluation
-from tasks.hellaswag import EvalFileRecord, prepare_hellaswag
-from tasks.init import CheckpointRecord, init_model
+from tasks.evaluate import EvalSettings, evaluate_checkpoint, evaluate_run
+from tasks.hellaswag import prepare_hellaswag
+from tasks.init import init_model
 from tasks.launch import stop_children_on_exit
 from tasks.report import run_summary_markdown
 from tasks.sample import sample
-from tasks.tokenize import ShardsRecord, tokenize
+from tasks.tokenize import tokenize
 from tasks.train import TrainRecord, train
 
 STAGES = ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")
@@ -88,7 +87,7 @@ class Stages:
 
     def init(self) -> PrefectFuture:
         s = self.s
-        return self._task("init", init_model).submit(s.model, s.seed, str(s.init_dir))
+        return self._task("init", init_model).submit(s.model, s.seed, str(s.init_dir), s.init_from)
 
     def train(self, shards: PrefectFuture, hellaswag: Future, init: PrefectFuture) -> PrefectFuture:
         s = self.s
@@ -184,14 +183,6 @@ sample_flow = _stage_flow("sample")
 # scheduled evaluation
 
 
-def _run_inputs(run_dir: Path) -> tuple[str, ShardsRecord | None, EvalFileRecord | None]:
-    """(model, val shards, HellaSwag file) of a training run, from the config.json gpt2.train wrote."""
-    config = read_json(run_dir / "config.json")
-    shards = ShardsRecord.from_manifest(Path(config["val_data"]).parent) if config.get("val_data") else None
-    hellaswag = EvalFileRecord.of(config["hellaswag"]) if config.get("hellaswag") else None
-    return config["model"], shards, hellaswag
-
-
 @flow(name="gpt2-evaluate", log_prints=True)
 def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
     """Evaluate every complete checkpoint under `runs_dir` that has not been evaluated yet.
@@ -199,33 +190,7 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
     A checkpoint counts as evaluated once its run's evaluations/ folder holds a result for its exact
     content; results go to the run's TensorBoard log (at the checkpoint's step) and a table artifact.
     """
-    logger = get_run_logger()
     with stop_children_on_exit():
-        rows = _evaluate_new_checkpoints(Path(runs_dir), settings, logger)
+        rows = [row for run_dir in RunDir.all_under(runs_dir) for row in evaluate_run(run_dir, settings)]
     create_table_artifact(rows, key="gpt2-evaluations", description=f"checkpoints under {runs_dir}")
-    return rows
-
-
-def _evaluate_new_checkpoints(runs_dir: Path, settings: EvalSettings, logger: Any) -> list[dict[str, Any]]:
-    from gpt2.checkpoint import list_checkpoints
-
-    rows = []
-    for run_dir in sorted({p.parent for p in runs_dir.rglob("checkpoints")}):
-        if not (run_dir / "config.json").exists():
-            logger.info("%s: no config.json yet (training has not started); skipped", run_dir)
-            continue
-        model, shards, hellaswag = _run_inputs(run_dir)
-        for step, path in list_checkpoints(run_dir):
-            done = read_evaluation(path)  # without hashing the checkpoint again
-            evaluated_now = done is None
-            if evaluated_now:
-                try:
-                    checkpoint = CheckpointRecord.of(path, model)
-                except FileNotFoundError:  # pruned by the training run since the listing
-                    continue
-                record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
-                done = {"val_loss": record.val_loss, "hellaswag": record.hellaswag}
-            hs = done["hellaswag"] or {}
-            rows.append({"run": run_dir.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
-                         "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now})
     return rows

@@ -1,45 +1,49 @@
-"""Training checkpoints: one directory per step, written atomically, plus model loading from any source.
+"""Training checkpoints: one directory per step, written atomically, verified before anything uses it.
 
-Layout inside a run directory:
+Inside a run directory (gpt2.run_dir), `checkpoints/step_00001000/` holds:
 
-    <out_dir>/checkpoints/step_00001000/
-        state.pt     model, optimizer, per-rank data-loader and RNG states, guard, step, config
-        model.bin    the same weights as an llm.c model file (gpt2.llmc)
-        COMPLETE     JSON marker, written last; a directory without it is never used
+    state.pt     model, optimizer, per-rank data-loader and RNG states, guard, step, config
+    model.bin    the same weights as an llm.c model file (gpt2.llmc)
+    COMPLETE     JSON marker, written last: {"step", "model_file_dtype", "files": {name: {"size", "sha256"}}}
 
-A checkpoint is assembled in a hidden temporary directory and renamed into place, so a crash at any
-moment leaves either the whole checkpoint or none. Step 0 (`write_initial_checkpoint`, the pipeline's
-init stage) holds only the model; training starts from it when present.
+A checkpoint is assembled in a hidden temporary directory and renamed into place (common.files.
+atomic_directory), so a crash at any moment leaves either the whole checkpoint or none. A directory
+without the marker is never used; one whose files differ from the sizes or hashes its marker lists fails
+`verify_checkpoint` with an error naming the file and what is wrong. An init checkpoint
+(`write_initial_checkpoint`, the pipeline's init stage) holds only the model, at step 0.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import re
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from gpt2.config import GPTConfig
+from common.files import atomic_directory, read_json, remove_stale_tmp_dirs, sha256_file, write_json
+from gpt2.config import GPTConfig, parse_model_spec
 from gpt2.model import GPT
-from gpt2.train_config import parse_model_spec
+from gpt2.run_dir import RunDir
 
-CHECKPOINTS = "checkpoints"
 STATE_FILE = "state.pt"
 MODEL_FILE = "model.bin"
 COMPLETE_MARKER = "COMPLETE"
-_STEP_DIR = re.compile(r"step_(\d{8})")
-_TMP_PREFIX = ".tmp_"
+REJECTED_SUFFIX = ".rejected"  # a checkpoint that failed verification, set aside by the trainer (never used)
 
 
-def checkpoint_path(out_dir: str | os.PathLike, step: int) -> Path:
-    return Path(out_dir) / CHECKPOINTS / f"step_{step:08d}"
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong with it."""
+
+
+@dataclass(frozen=True)
+class RejectedCheckpoint:
+    path: str
+    problem: str
 
 
 def is_complete(path: str | os.PathLike) -> bool:
@@ -47,26 +51,64 @@ def is_complete(path: str | os.PathLike) -> bool:
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint of a run, oldest first."""
-    root = Path(out_dir) / CHECKPOINTS
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and is_complete(p)]
-    return sorted(found)
+    """(step, path) of every complete checkpoint of a run (marker present, not yet verified), oldest first."""
+    return [(step, path) for step, path in RunDir(out_dir).checkpoint_dirs() if is_complete(path)]
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest step, or None."""
+    """The complete checkpoint with the highest step, or None (not verified: see `newest_valid_checkpoint`)."""
     checkpoints = list_checkpoints(out_dir)
     return checkpoints[-1][1] if checkpoints else None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> dict[str, Any]:
+    """The COMPLETE marker of a checkpoint whose files match it: every listed file present with its recorded
+    size and (with `hashes`) sha256. Raises CheckpointError naming the file and the problem."""
+    path = Path(path)
+    marker_path = path / COMPLETE_MARKER
+    if not marker_path.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        marker = read_json(marker_path)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        raise CheckpointError(f"{marker_path} lists no file sizes and hashes (written by an older version): "
+                              "the checkpoint cannot be verified")
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{file} is missing (listed in {marker_path})")
+        size = file.stat().st_size
+        if size != expected["size"]:
+            raise CheckpointError(f"{file} has {size} bytes, {marker_path} records {expected['size']} "
+                                  f"({'truncated' if size < expected['size'] else 'grown'})")
+        if hashes and sha256_file(file) != expected["sha256"]:
+            raise CheckpointError(f"{file}: content differs from the sha256 {marker_path} records (corrupted)")
+    return marker
+
+
+def newest_valid_checkpoint(out_dir: str | os.PathLike) -> tuple[Path | None, list[RejectedCheckpoint]]:
+    """The newest complete checkpoint that verifies (sizes and hashes), and the newer ones that did not."""
+    rejected = []
+    for _, path in reversed(list_checkpoints(out_dir)):
+        try:
+            verify_checkpoint(path)
+            return path, rejected
+        except CheckpointError as e:
+            rejected.append(RejectedCheckpoint(str(path), str(e)))
+    return None, rejected
+
+
+def set_aside(rejected: RejectedCheckpoint) -> Path:
+    """Rename a checkpoint that failed verification to step_XXXXXXXX.rejected: no lookup sees it again, the
+    step can be written anew, and its files stay for inspection (delete them by hand)."""
+    path = Path(rejected.path)
+    aside = path.with_name(path.name + REJECTED_SUFFIX)
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(path, aside)
+    return aside
 
 
 def save_checkpoint(
@@ -77,33 +119,21 @@ def save_checkpoint(
     model_file_dtype: str = "float32",
     keep_last: int | None = None,
 ) -> Path:
-    """Write `state` (must hold "model") and an llm.c model file as checkpoint `step`, atomically.
+    """Write `state` (must hold "model") and an llm.c model file as checkpoint `step`, atomically; the marker,
+    written last, lists each file's size and sha256 (hashed from disk, so it vouches for what was written).
 
-    Then delete all but the newest `keep_last` complete checkpoints (step 0 is kept: it is the init
-    stage's output) and temporary directories that crashed writers left behind.
+    Then delete all but the newest `keep_last` complete checkpoints (step 0 is kept: it is an init
+    checkpoint) and temporary directories that crashed writers left behind.
     """
     from gpt2.llmc import write_model_file
 
-    final = checkpoint_path(out_dir, step)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{_TMP_PREFIX}{final.name}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    with open(tmp / STATE_FILE, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    write_model_file(model, tmp / MODEL_FILE, dtype=model_file_dtype)  # fsyncs itself
-    marker = {"step": step, "files": [STATE_FILE, MODEL_FILE], "model_file_dtype": model_file_dtype}
-    with open(tmp / COMPLETE_MARKER, "w") as f:
-        json.dump(marker, f)
-        f.flush()
-        os.fsync(f.fileno())
-    _fsync_dir(tmp)
-    if final.exists():  # re-saving a step (e.g. after a resume): drop the old copy first
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    final = RunDir(out_dir).checkpoint(step)
+    with atomic_directory(final) as tmp:
+        torch.save(state, tmp / STATE_FILE)
+        write_model_file(model, tmp / MODEL_FILE, dtype=model_file_dtype)
+        files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+                 for name in (STATE_FILE, MODEL_FILE)}
+        write_json(tmp / COMPLETE_MARKER, {"step": step, "model_file_dtype": model_file_dtype, "files": files})
     if keep_last is not None:
         prune_checkpoints(out_dir, keep_last)
     return final
@@ -111,21 +141,23 @@ def save_checkpoint(
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
     """Keep step 0 and the newest `keep_last` complete checkpoints; remove stale temporary directories."""
-    root = Path(out_dir) / CHECKPOINTS
-    for stale in root.glob(f"{_TMP_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    remove_stale_tmp_dirs(RunDir(out_dir).checkpoints)
     checkpoints = [c for c in list_checkpoints(out_dir) if c[0] != 0]
     for _, path in checkpoints[: max(0, len(checkpoints) - keep_last)]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """The state dict of a complete checkpoint directory."""
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    hashes: bool = True) -> dict[str, Any]:
+    """The state dict of a checkpoint directory that verifies (`verify_checkpoint`; `hashes=False` checks
+    sizes only, for a checkpoint verified moments ago)."""
     path = Path(path)
-    if not is_complete(path):
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    # weights_only=False: the state holds numpy RNG states and plain Python objects we wrote ourselves
-    return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+    verify_checkpoint(path, hashes)
+    try:
+        # weights_only=False: the state holds numpy RNG states and plain Python objects we wrote ourselves
+        return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
+    except Exception as e:  # torch's own errors (e.g. a zip error) do not say which file
+        raise CheckpointError(f"{path / STATE_FILE}: cannot be loaded ({type(e).__name__}: {e})") from e
 
 
 def model_config_of(state: dict[str, Any]) -> GPTConfig:
@@ -141,10 +173,10 @@ def model_from_state(state: dict[str, Any], device: str | torch.device = "cpu", 
 def write_initial_checkpoint(
     out_dir: str | os.PathLike, model: str | GPTConfig = "d12", seed: int = 42, model_file_dtype: str = "float32"
 ) -> Path:
-    """Checkpoint step 0 of a run: the model initialised in llm.c's RNG order (gpt2.init) from `seed`.
+    """Checkpoint step 0 of `out_dir`: the model initialised in llm.c's RNG order (gpt2.init) from `seed`.
 
-    `model` is a descriptor (`d12`), an explicit shape spec (see gpt2.train_config) or a GPTConfig.
-    Training in the same `out_dir` starts from these weights.
+    `model` is a descriptor (`d12`), an explicit shape spec (gpt2.config.parse_model_spec) or a GPTConfig.
+    Training starts from it when given as its `init_from`.
     """
     config = parse_model_spec(model) if isinstance(model, str) else model
     gpt = GPT.create(config, seed=seed)
@@ -166,45 +198,3 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ----------------------------------------------------------------------------------------------------
-# loading a model from whatever the user points at
-
-
-# what `load_model` accepts, as the `--checkpoint` flag of the evaluate and sample CLIs describes it
-MODEL_SOURCE_HELP = "checkpoint dir, run dir (latest complete checkpoint), llm.c model file or HF dir"
-
-
-def resolve_checkpoint(source: str | os.PathLike) -> Path:
-    """A run directory or its checkpoints/ folder -> its latest complete checkpoint; anything else as is."""
-    path = Path(source)
-    if is_complete(path):
-        return path
-    run_dir = path.parent if path.name == CHECKPOINTS else path
-    if not (run_dir / CHECKPOINTS).is_dir():
-        return path
-    latest = latest_checkpoint(run_dir)
-    if latest is None:
-        raise FileNotFoundError(f"{run_dir}: no complete checkpoint under {run_dir / CHECKPOINTS}")
-    return latest
-
-
-def load_model(source: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[GPT, int | None]:
-    """(model, step or None) from our checkpoint (or a run dir), an llm.c model file, or a Hugging Face dir."""
-    path = resolve_checkpoint(source)
-    if is_complete(path):
-        state = load_checkpoint(path)
-        return model_from_state(state, device), state["step"]
-    if path.is_file():
-        from gpt2.llmc import read_model_file
-
-        return read_model_file(path, device=device), None
-    if (path / "config.json").is_file():
-        from gpt2.hf import import_hf
-
-        return import_hf(path, device=device), None
-    raise FileNotFoundError(
-        f"{source}: not a checkpoint directory (with {COMPLETE_MARKER}), a run directory, an llm.c model file "
-        "or a Hugging Face directory (with config.json)"
-    )

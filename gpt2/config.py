@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -68,3 +69,22 @@ class GPTConfig:
                 return cls(n_layer=depth, n_head=channels // head_size, n_embd=channels, block_size=2048)
         known = [f"d{d}" for d in _GPT2_SHAPES] + [f"gpt3:c{c}" for c in _GPT3_SHAPES]
         raise ValueError(f"unknown model descriptor {descriptor!r}; known: {', '.join(known)}")
+
+
+def parse_model_spec(spec: str) -> GPTConfig:
+    """A descriptor (`d12`, `gpt3:c768`), or an explicit shape `n_layer=2,n_head=2,n_embd=64,...` for small
+    test models; ValueError names what is wrong."""
+    if "=" not in spec:
+        return GPTConfig.from_descriptor(spec)
+    known = {f.name for f in dataclasses.fields(GPTConfig)}
+    kwargs = {}
+    for item in spec.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key not in known:
+            raise ValueError(f"model: unknown shape field {key!r} in {spec!r}; known: {', '.join(sorted(known))}")
+        try:
+            kwargs[key] = int(value)
+        except ValueError:
+            raise ValueError(f"model: {key}={value!r} in {spec!r} is not an integer") from None
+    return GPTConfig(**kwargs)  # an unset padded_vocab_size is derived from vocab_size

@@ -14,6 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+DEVICES = ("auto", "cuda", "cpu")  # `auto`: this rank's GPU when CUDA is available, else the CPU
+DTYPES = ("auto", "bfloat16", "float32")  # autocast dtype of the forward pass; `auto`: bf16 on CUDA, fp32 on CPU
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -91,6 +94,15 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     if ctx.is_distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def broadcast_object(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's `obj` on every rank (`obj` itself in a single process)."""
+    if not ctx.is_distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def gather_objects(obj: Any, ctx: DistContext) -> list[Any]:

@@ -22,9 +22,11 @@ import torch.nn as nn
 
 from common.files import write_json
 from data.loader import DistributedDataLoader
-from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
-from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
-from gpt2.train_config import DEVICES, DTYPES, TrainConfig
+from gpt2.distributed import (
+    DEVICES, DTYPES, DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown,
+)
+from gpt2.train_config import TrainConfig
+from gpt2.weights import MODEL_SOURCE_HELP, load_model
 
 
 @torch.no_grad()
@@ -98,7 +100,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="val sequence length T")
     parser.add_argument("--val-steps", type=int, default=defaults.val_steps, help="val batches per rank")
     parser.add_argument("--out", help="also write the result as JSON here (atomically)")
-    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="where the model runs: auto (this rank's GPU when CUDA is available, else the CPU), "
+                        "cuda or cpu")
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="autocast dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     return parser

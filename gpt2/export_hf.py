@@ -11,8 +11,8 @@ import argparse
 import os
 from pathlib import Path
 
-from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
 from gpt2.hf import export_hf
+from gpt2.weights import MODEL_SOURCE_HELP, load_model
 
 
 def export_checkpoint(source: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> tuple[Path, int | None]:

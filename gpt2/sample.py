@@ -10,14 +10,16 @@ disturbed by) the global RNG state of a training run.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from gpt2.checkpoint import MODEL_SOURCE_HELP, load_model
-from gpt2.distributed import autocast_context, resolve_device
+from common.files import write_json
+from gpt2.distributed import DEVICES, autocast_context, resolve_device
 from gpt2.model import GPT
-from gpt2.train_config import DEVICES, TrainConfig
+from gpt2.train_config import TrainConfig
+from gpt2.weights import MODEL_SOURCE_HELP, load_model
 
 
 @torch.no_grad()
@@ -78,7 +80,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the sampling generator")
-    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="where the model runs: auto (this rank's GPU when CUDA is available, else the CPU), "
+                        "cuda or cpu")
+    parser.add_argument("--out", help="also write the samples as JSON here (atomically)")
     return parser
 
 
@@ -88,11 +93,16 @@ def main(argv: list[str] | None = None) -> list[str]:
     if args.num_samples <= 0 or args.max_new_tokens < 0 or args.top_k < 0 or args.temperature <= 0:
         parser.error("--num-samples and --temperature must be positive, --max-new-tokens and --top-k >= 0")
 
-    model, _ = load_model(args.checkpoint, device=resolve_device(args.device))
+    model, step = load_model(args.checkpoint, device=resolve_device(args.device))
     samples = sample_text(model, args.prompt, args.max_new_tokens, args.num_samples, args.top_k, args.temperature,
                           args.seed)
     for i, text in enumerate(samples):
         print(f"--- sample {i}\n{text}", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.out, {"checkpoint": str(args.checkpoint), "step": step, "prompt": args.prompt,
+                              "seed": args.seed, "top_k": args.top_k, "temperature": args.temperature,
+                              "max_new_tokens": args.max_new_tokens, "samples": samples})
     return samples
 
 

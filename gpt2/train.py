@@ -4,143 +4,42 @@
     torchrun --standalone --nproc_per_node=8 -m gpt2.train --train-data 'shards/*_train_*.bin' ...
 
 Each optimizer step accumulates `total_batch_size / (B * T * world_size)` micro-batches; DDP all-reduces
-gradients on the last one only. The run directory (`--out-dir`) gets config.json, metrics.jsonl,
-tensorboard/ and checkpoints/ (gpt2.checkpoint); a run restarted in the same directory resumes from its
-latest complete checkpoint and continues bit-exactly. See docs/training.md.
+gradients on the last one only. The run directory (`--out-dir`, laid out by gpt2.run_dir) is locked for
+the session; a run restarted in the same directory resumes from its newest checkpoint that verifies and
+continues bit-exactly. A new run starts from `--init-from`'s weights when given. See docs/training.md.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.files import atomic_path, write_json
+from common.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
 from gpt2 import evaluate
 from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
 from gpt2.distributed import (
-    DistContext, all_reduce_mean, autocast_context, autocast_dtype, gather_objects, setup, teardown,
+    DistContext, all_reduce_mean, autocast_dtype, broadcast_object, gather_objects, setup, teardown,
 )
 from gpt2.guard import OutlierGuard
+from gpt2.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, full_state_dict, lr_at
+from gpt2.run_dir import RunDir, RunDirLocked
 from gpt2.sample import sample_text
 from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
-
-# bf16 dense tensor-core peak per GPU, by name fragment, first match wins (MFU denominator);
-# "H200" also matches GH200, and "L40S" comes before "L4"
-_PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "B200": 2250e12, "A100": 312e12, "L40S": 362e12,
-                    "A10G": 70e12, "L4": 121e12}
-
-
-def flops_per_token(model_config: GPTConfig, num_params: int, seq_len: int) -> float:
-    """Training FLOPs per token, as llm.c estimates it: 6N + 6*L*C*T (docs/reference.md)."""
-    return 6 * num_params + 6 * model_config.n_layer * model_config.n_embd * seq_len
-
-
-def peak_flops(device: torch.device, override: float = 0.0) -> float | None:
-    """bf16 dense peak FLOP/s of one GPU (None when unknown, e.g. on the CPU)."""
-    if override:
-        return override
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in _PEAK_BF16_FLOPS.items() if key in name), None)
-
-
-class MetricsLogger:
-    """metrics.jsonl, TensorBoard scalars and console lines (through a progress bar when interactive).
-
-    Every method is a no-op on ranks other than 0.
-    """
-
-    def __init__(self, out_dir: Path, enabled: bool, start_step: int, max_steps: int):
-        self.enabled = enabled
-        self.path = out_dir / "metrics.jsonl"
-        self.writer = None
-        self.progress = None
-        if not enabled:
-            return
-        self._truncate(start_step)
-        self.file = open(self.path, "a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(out_dir / "tensorboard"), purge_step=start_step)
-        except ImportError:
-            print("warning: tensorboard is not installed; no TensorBoard logs", file=sys.stderr, flush=True)
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.progress = tqdm(total=max_steps, initial=start_step, unit="step", dynamic_ncols=True)
-
-    def _truncate(self, start_step: int) -> None:
-        """Drop records of steps >= start_step: a killed run may have logged past its last checkpoint
-        (and, killed mid-write, left a partial last line)."""
-        if not self.path.exists():
-            return
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] < start_step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue
-        with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(line + "\n" for line in kept))
-
-    def print(self, line: str) -> None:
-        if not self.enabled:
-            return
-        if self.progress is not None:
-            self.progress.write(line)
-        else:
-            print(line, flush=True)  # flush: a parent process streaming stdout sees every line live
-
-    def log(self, record: dict[str, Any], tb_prefix: str, line: str | None = None) -> None:
-        """Append `record` (NaN/inf written as null) and its numbers as `tb_prefix/key` scalars."""
-        if not self.enabled:
-            return
-        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.writer is not None:
-            for key, value in record.items():
-                if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self.writer.add_scalar(f"{tb_prefix}/{key}", value, record["step"])
-        if line is not None:
-            self.print(line)
-
-    def text(self, tag: str, text: str, step: int) -> None:
-        self.print(text)
-        if self.writer is not None:  # None on ranks other than 0
-            self.writer.add_text(tag, text, step)
-
-    def advance(self) -> None:
-        if self.progress is not None:
-            self.progress.update(1)
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        self.file.close()
-        if self.writer is not None:
-            self.writer.close()
-        if self.progress is not None:
-            self.progress.close()
-
+from gpt2.weights import load_model
 
 def _resolve_flags(config: TrainConfig, device: torch.device) -> tuple[bool, bool]:
     """(compile, kernels): explicit values win, otherwise on for CUDA and off for the CPU."""
@@ -150,21 +49,53 @@ def _resolve_flags(config: TrainConfig, device: torch.device) -> tuple[bool, boo
     return use_compile, use_kernels
 
 
-def _starting_state(config: TrainConfig, model_config: GPTConfig) -> dict[str, Any] | None:
-    """The checkpoint to start from: the latest one when resuming, else step 0 (the init stage's) if present."""
-    out_dir = Path(config.out_dir)
-    path = ckpt.latest_checkpoint(out_dir) if config.resume else None
-    if path is None and ckpt.is_complete(ckpt.checkpoint_path(out_dir, 0)):
-        path = ckpt.checkpoint_path(out_dir, 0)
-    if path is None:
-        return None
-    state = ckpt.load_checkpoint(path)
-    if (held := ckpt.model_config_of(state)) != model_config:
+@dataclass
+class _Start:
+    """Where a training session starts: a checkpoint of this run (resume), else `init_from`'s weights, else
+    llm.c's init from the seed."""
+
+    state: dict[str, Any] | None = None  # the checkpoint's full state when resuming
+    weights: GPT | None = None  # init_from's model
+    resumed_from: str | None = None
+    rejected: list[ckpt.RejectedCheckpoint] = field(default_factory=list)  # checkpoints that failed verification
+
+
+def _resume_point(run_dir: RunDir, config: TrainConfig, ctx: DistContext) -> tuple[str | None, list]:
+    """Rank 0 picks the newest checkpoint that verifies and sets the newer, failed ones aside (they are never
+    resumed from, and their steps are written anew); every rank gets its choice."""
+    choice: tuple[str | None, list] = (None, [])
+    if ctx.is_master and config.resume:
+        path, rejected = ckpt.newest_valid_checkpoint(run_dir.root)
+        for r in rejected:
+            aside = ckpt.set_aside(r)
+            print(f"warning: checkpoint {r.path} failed verification ({r.problem}); set aside as {aside.name}, "
+                  f"not resumed from", file=sys.stderr, flush=True)
+        if rejected:
+            fallback = f"resuming from {path}" if path else "no checkpoint verifies: starting from the beginning"
+            print(f"warning: {fallback}", file=sys.stderr, flush=True)
+        choice = (str(path) if path else None, rejected)
+    return broadcast_object(choice, ctx)
+
+
+def _starting_point(run_dir: RunDir, config: TrainConfig, model_config: GPTConfig, ctx: DistContext,
+                    use_kernels: bool) -> _Start:
+    path, rejected = _resume_point(run_dir, config, ctx)
+    if path is not None:
+        state = ckpt.load_checkpoint(path, hashes=False)  # rank 0 has just hashed it
+        source, held = path, ckpt.model_config_of(state)
+        start = _Start(state=state, resumed_from=path, rejected=rejected)
+    elif config.init_from:
+        weights, _ = load_model(config.init_from, use_kernels=use_kernels)
+        source, held = config.init_from, weights.config
+        start = _Start(weights=weights, rejected=rejected)
+    else:
+        return _Start(rejected=rejected)
+    if held != model_config:
         raise ValueError(
-            f"{path}: checkpoint holds model {held}, but the config asks for "
-            f"{model_config} (--model {config.model}); use another --out-dir or the matching --model"
+            f"{source}: holds model {held}, but the config asks for {model_config} (--model {config.model}); "
+            "use another --out-dir or --init-from, or the matching --model"
         )
-    return state
+    return start
 
 
 def forward_backward(
@@ -197,13 +128,15 @@ class _Run:
 
 
 def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, use_compile: bool,
-               use_kernels: bool) -> _Run:
-    """Model, optimizer, guard and loaders: fresh, from the init stage's step 0, or from the latest checkpoint."""
-    state = _starting_state(config, model_config)
-    if state is None:
-        raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
-    else:
+               use_kernels: bool, start: _Start) -> _Run:
+    """Model, optimizer, guard and loaders: fresh, from `init_from`'s weights, or from a checkpoint."""
+    state = start.state
+    if state is not None:
         raw_model = ckpt.model_from_state(state, ctx.device, use_kernels=use_kernels)
+    elif start.weights is not None:
+        raw_model = start.weights.to(ctx.device)
+    else:
+        raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
     optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
                                     config.eps, fused=ctx.device.type == "cuda",
                                     zero1=config.zero1 and ctx.is_distributed)
@@ -245,33 +178,65 @@ def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistConte
     return configure_sdpa(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
 
 
+@contextmanager
+def _writer_lock(run_dir: RunDir, ctx: DistContext) -> Iterator[None]:
+    """Rank 0 holds the run directory's lock for the whole session; when another process holds it, every
+    rank fails with an error naming that process."""
+    with ExitStack() as stack:
+        error = None
+        if ctx.is_master:
+            try:
+                stack.enter_context(run_dir.lock())
+            except RunDirLocked as e:
+                error = str(e)
+        if error := broadcast_object(error, ctx):
+            raise RunDirLocked(error)
+        yield
+
+
 def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]:
     """Run (or resume) training as configured; returns the run summary (also written to summary.json)."""
     ctx = ctx or setup(config.device)
     model_config = validate(config, ctx.world_size)
+    run_dir = RunDir(config.out_dir)
+    with _writer_lock(run_dir, ctx):
+        return _train(config, model_config, run_dir, ctx)
+
+
+def _initial_summary(run_dir: RunDir, config: TrainConfig, start: _Start, start_step: int,
+                     earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summary as of the start of this session: what earlier sessions reached (from the checkpoint
+    resumed and their metrics records), so a rerun of a finished run keeps its figures."""
+    train_losses = [r["loss"] for r in earlier if r.get("kind") == "train"]
+    return {"out_dir": str(run_dir.root), "start_step": start_step, "steps": start_step,
+            "train_loss": train_losses[-1] if train_losses else None, "checkpoint": start.resumed_from,
+            "resumed_from": start.resumed_from, "init_from": None if start.state else config.init_from,
+            "rejected_checkpoints": [asdict(r) for r in start.rejected]}
+
+
+def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: DistContext) -> dict[str, Any]:
     grad_accum = config.grad_accum_steps(ctx.world_size)
     use_compile, use_kernels = _resolve_flags(config, ctx.device)
     torch.manual_seed(config.seed)
     sdpa_backend = _configure_cuda(config, model_config, ctx, use_kernels)
-    run = _build_run(config, model_config, ctx, use_compile, use_kernels)
-    out_dir = Path(config.out_dir)
+    start = _starting_point(run_dir, config, model_config, ctx, use_kernels)
+    run = _build_run(config, model_config, ctx, use_compile, use_kernels, start)
 
     num_params = run.raw_model.num_parameters()
     flops_per_step = flops_per_token(model_config, num_params, config.seq_len) * config.total_batch_size
     peak = peak_flops(ctx.device, config.peak_flops)
     if ctx.is_master:
-        out_dir.mkdir(parents=True, exist_ok=True)
         resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
                     "compile": use_compile, "kernels": use_kernels, "sdpa_backend": sdpa_backend,
                     "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
-        write_json(out_dir / "config.json", {**config.to_dict(), "resolved": resolved})
-    logger = MetricsLogger(out_dir, ctx.is_master, run.start_step, config.max_steps)
+        write_json(run_dir.config, {**config.to_dict(), "resolved": resolved})
+    logger = MetricsLogger(run_dir, ctx.is_master, run.start_step, config.max_steps)
     logger.print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {config.batch_size} x "
                  f"T {config.seq_len} x grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | "
                  f"device {ctx.device} | compile {use_compile} | start step {run.start_step}/{config.max_steps}")
 
-    summary: dict[str, Any] = {"out_dir": str(out_dir), "start_step": run.start_step}
+    summary = _initial_summary(run_dir, config, start, run.start_step, logger.kept)
     for step in range(run.start_step, config.max_steps + 1):
         last_step = step == config.max_steps
         summary.update(_evaluate_if_due(step, last_step, config, run, ctx, logger))
@@ -307,7 +272,7 @@ def train(config: TrainConfig, ctx: DistContext | None = None) -> dict[str, Any]
 
     logger.close()
     if ctx.is_master:
-        write_json(out_dir / "summary.json", summary)
+        write_json(run_dir.summary, summary)
     return summary
 
 
@@ -356,7 +321,7 @@ def _save(step: int, config: TrainConfig, model_config: GPTConfig, run: _Run, ct
     loader_states = gather_objects(run.train_loader.state_dict(), ctx)  # collective: every rank calls it
     rng_states = gather_objects(ckpt.capture_rng_state(), ctx)
     optimizer_state = full_state_dict(run.optimizer)  # collective under ZeRO-1
-    path = ckpt.checkpoint_path(config.out_dir, step)
+    path = RunDir(config.out_dir).checkpoint(step)
     if ctx.is_master:
         state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": optimizer_state,
                  "guard": run.guard.state_dict(), "loader": loader_states, "rng": rng_states,

@@ -13,15 +13,18 @@ import difflib
 import glob
 import json
 import os
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from gpt2.config import VOCAB_SIZE, GPTConfig
+from gpt2.config import VOCAB_SIZE, GPTConfig, parse_model_spec
+from gpt2.distributed import DEVICES, DTYPES
 
 LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
-DTYPES = ("auto", "bfloat16", "float32")
+# the fields a pipeline fills in from its own parameters and stages, never from its training settings
+WIRED_FIELDS = ("model", "seed", "train_data", "val_data", "hellaswag", "out_dir", "init_from")
 MODEL_FILE_DTYPES = ("float32", "bfloat16")
-DEVICES = ("auto", "cuda", "cpu")
 
 
 class ConfigError(ValueError):
@@ -41,6 +44,12 @@ class TrainConfig:
         "'n_layer=2,n_head=2,n_embd=64,block_size=64,vocab_size=256'",
     )
     seed: int = _opt(42, "seed of the weight init (PyTorch RNG order) and of sampling")
+    init_from: str | None = _opt(
+        None,
+        "weights to start from when out_dir has no checkpoint to resume: one of our checkpoints, an llm.c "
+        "model file or a Hugging Face GPT-2 directory (its shape must be --model's); unset: llm.c's init "
+        "from --seed",
+    )
     # data
     train_data: str = _opt("artifacts/data/fineweb10B/shards/*_train_*.bin", "glob of the training token shards")
     val_data: str = _opt("artifacts/data/fineweb10B/shards/*_val_*.bin", "glob of the validation token shards")
@@ -101,42 +110,30 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def parse_model_spec(spec: str) -> GPTConfig:
-    """`d12` / `gpt3:c768`, or `n_layer=2,n_head=2,n_embd=64,...` for small test models."""
-    if "=" not in spec:
-        return GPTConfig.from_descriptor(spec)
-    known = {f.name for f in dataclasses.fields(GPTConfig)}
-    kwargs = {}
-    for item in spec.split(","):
-        key, _, value = item.partition("=")
-        key = key.strip()
-        if key not in known:
-            raise ConfigError(f"model: unknown shape field {key!r} in {spec!r}; known: {', '.join(sorted(known))}")
-        try:
-            kwargs[key] = int(value)
-        except ValueError:
-            raise ConfigError(f"model: {key}={value!r} in {spec!r} is not an integer") from None
-    return GPTConfig(**kwargs)  # an unset padded_vocab_size is derived from vocab_size
-
-
 # ----------------------------------------------------------------------------------------------------
 # loading: defaults <- file <- command line
 
 
 def _field_types() -> dict[str, tuple[type, bool]]:
     """Field name -> (the Python type its values must have, whether None is allowed)."""
-    types = {}
-    for f in dataclasses.fields(TrainConfig):
-        annotation = str(f.type)  # a string: this module uses `from __future__ import annotations`
-        base = next(t for t in (bool, int, float, str) if annotation.startswith(t.__name__))
-        types[f.name] = (base, "None" in annotation)
-    return types
+    out = {}
+    for name, hint in typing.get_type_hints(TrainConfig).items():
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        (base,) = [a for a in args if a is not type(None)]
+        out[name] = (base, type(None) in args)
+    return out
 
 
 def _coerce(name: str, value: Any, expected: type, optional: bool, source: str) -> Any:
-    """Check a value read from a config file against the field's type (ints are fine for floats)."""
+    """Check a value read from a config file against the field's type. Ints are fine for floats, and so is
+    text that reads as a number: PyYAML reads `lr: 6e-4` (no dot in the mantissa) as the string '6e-4'."""
     if value is None and optional:
         return None
+    if expected is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{source}: {name} must be a number, got {value!r}") from None
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, expected) and not (expected is int and isinstance(value, bool)):
@@ -164,14 +161,19 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     values = {} if values is None else values  # an empty YAML file
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of config fields, got {type(values).__name__}")
-    types = _field_types()
+    return config_values(values, path)
+
+
+def config_values(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """TrainConfig field values checked and coerced to their fields' types; errors name `source` and the field."""
+    field_types = _field_types()
     out = {}
     for key, value in values.items():
-        if key not in types:
-            close = difflib.get_close_matches(key, list(types), n=1)
+        if key not in field_types:
+            close = difflib.get_close_matches(key, list(field_types), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{path}: unknown config field {key!r}{hint}")
-        out[key] = _coerce(key, value, *types[key], path)
+            raise ConfigError(f"{source}: unknown config field {key!r}{hint}")
+        out[key] = _coerce(key, value, *field_types[key], source)
     return out
 
 
@@ -181,13 +183,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
         description="Train GPT-2 (llm.c recipe). Single process or `torchrun --nproc_per_node=N -m gpt2.train`.",
     )
     parser.add_argument("--config", help="JSON or YAML file of config fields; flags override it")
-    types = _field_types()
+    field_types = _field_types()
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")
         # SUPPRESS: only flags actually given override the file's values
         kwargs: dict[str, Any] = dict(dest=f.name, help=help_text, default=argparse.SUPPRESS)
-        base, _ = types[f.name]
+        base, _ = field_types[f.name]
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
@@ -209,8 +211,12 @@ def load_config(argv: Sequence[str] | None = None) -> TrainConfig:
 # validation
 
 
-def validate(config: TrainConfig, world_size: int = 1) -> GPTConfig:
-    """Raise ConfigError listing every problem (each with what to change); returns the model shape."""
+def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True) -> GPTConfig:
+    """Raise ConfigError listing every problem (each with what to change); returns the model shape.
+
+    check_inputs=False skips the checks of files (shards, HellaSwag, init_from) that may not exist yet,
+    e.g. when a pipeline validates its settings before the stages that make those files have run.
+    """
     problems: list[str] = []
     try:
         model = config.model_config()
@@ -255,6 +261,16 @@ def validate(config: TrainConfig, world_size: int = 1) -> GPTConfig:
             if every:
                 problems.append(f"{name}={every} needs the GPT-2 tokenizer's vocabulary ({VOCAB_SIZE}), the model "
                                 f"has {model.vocab_size}; pass --{name.replace('_', '-')} 0")
+    if check_inputs:
+        problems += _input_problems(config)
+    if problems:
+        raise ConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
+    return model
+
+
+def _input_problems(config: TrainConfig) -> list[str]:
+    """What is wrong with the files the config names (shards, HellaSwag file, init_from)."""
+    problems = []
     if not glob.glob(config.train_data):
         problems.append(f"train_data: no files match {config.train_data!r}; run the tokenize stage or "
                         "point --train-data at the *_train_*.bin shards")
@@ -264,6 +280,23 @@ def validate(config: TrainConfig, world_size: int = 1) -> GPTConfig:
     if config.hellaswag_every and config.hellaswag and not os.path.isfile(config.hellaswag):
         problems.append(f"hellaswag: file {config.hellaswag} does not exist; build it with data.hellaswag "
                         "or pass --hellaswag-every 0")
-    if problems:
-        raise ConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
-    return model
+    if config.init_from and not os.path.exists(config.init_from):
+        problems.append(f"init_from: {config.init_from} does not exist; point it at a checkpoint directory, an "
+                        "llm.c model file or a Hugging Face GPT-2 directory")
+    return problems
+
+
+def validate_train_settings(settings: dict[str, Any], world_size: int = 1, wired: dict[str, Any] | None = None,
+                            check_inputs: bool = False) -> TrainConfig:
+    """The TrainConfig of a pipeline's training `settings` (TrainConfig fields over the defaults), checked as
+    `validate` does; ConfigError names the field.
+
+    wired: the fields the pipeline fills in itself (model, seed, data, out_dir, ...); settings must not set
+    them. check_inputs: also check the files they name; off at flow start, before the stages made them.
+    """
+    wired = wired or {}
+    if clash := sorted(set(WIRED_FIELDS) & set(settings)):
+        raise ConfigError(f"train settings must not set {', '.join(clash)}: the pipeline wires them from its stages")
+    config = TrainConfig(**config_values({**wired, **settings}, "train settings"))
+    validate(config, world_size, check_inputs=check_inputs)
+    return config

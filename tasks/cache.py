@@ -19,6 +19,7 @@ import ast
 import hashlib
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -114,10 +115,18 @@ def _source_path(name: str) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
+# Concurrently submitted tasks compute their cache keys in parallel threads, and CPython 3.11's AST
+# constructor keeps its recursion counter per interpreter: two parses at once can fail with "SystemError: AST
+# constructor recursion depth mismatch" (seen here in a pipeline run; python/cpython#106905)
+_PARSE_LOCK = threading.Lock()
+
+
 def _imported_modules(path: Path) -> set[str]:
     """Project modules named by the import statements of a source file (nested ones included)."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    with _PARSE_LOCK:
+        tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -1,7 +1,10 @@
-"""The evaluate stage: val loss and HellaSwag of a checkpoint (`python -m gpt2.evaluate`).
+"""The evaluate stage: val loss and HellaSwag of a checkpoint (`python -m gpt2.evaluate`), and the scan of a run
+that the scheduled `gpt2-evaluate` flow makes.
 
 Each result goes into the run's TensorBoard log at the checkpoint's step and into the run's evaluations/
-ledger, which the scheduled `gpt2-evaluate` flow reads to skip checkpoints already evaluated.
+ledger (paths from gpt2.run_dir), which the scan reads to skip checkpoints already evaluated. Results are
+cached by checkpoint content; a run whose checkpoint equals another run's gets the cached result filed in
+its own ledger and TensorBoard log.
 """
 
 from __future__ import annotations
@@ -10,9 +13,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 
 from common.files import read_json, write_json
+from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import log_lines, python_module
 from tasks.hellaswag import EvalFileRecord
@@ -22,8 +26,6 @@ from tasks.tokenize import ShardsRecord
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
 EVAL_CODE = MODEL_CODE + ("gpt2.evaluate",)  # entry modules; their imports count too
-
-EVALUATIONS = "evaluations"  # per-run folder of evaluation results: one JSON per evaluated checkpoint
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,9 @@ class EvalSettings:
     val_steps: int | None = None
     device: str = "auto"
 
-    def args(self, run_dir: Path) -> list[str]:
+    def args(self, run_dir: RunDir) -> list[str]:
         """gpt2.evaluate's flags for a checkpoint of the run in `run_dir`."""
-        run_config_path = run_dir / "config.json"
-        run_config = read_json(run_config_path) if run_config_path.exists() else {}
+        run_config = read_json(run_dir.config) if run_dir.config.exists() else {}
         args = ["--device", self.device]
         for name in ("batch_size", "seq_len", "val_steps"):
             value = getattr(self, name) or run_config.get(name)
@@ -55,19 +56,18 @@ class EvalSettings:
         return args
 
 
-def evaluation_path(checkpoint_dir: str | Path) -> Path:
-    """run_dir/evaluations/<checkpoint name>.json: the ledger entry that marks a checkpoint as evaluated."""
-    checkpoint_dir = Path(checkpoint_dir)  # <run_dir>/checkpoints/step_NNNNNNNN
-    return checkpoint_dir.parent.parent / EVALUATIONS / f"{checkpoint_dir.name}.json"
+def evaluation_path(checkpoint: CheckpointRecord) -> Path:
+    """The ledger entry that marks a checkpoint of its run as evaluated."""
+    return RunDir(checkpoint.run_dir).evaluation(checkpoint.step)
 
 
-def read_evaluation(checkpoint_dir: str | Path) -> dict[str, Any] | None:
+def read_evaluation(run_dir: RunDir, step: int) -> dict[str, Any] | None:
     """The recorded evaluation of this checkpoint if its files still hold the evaluated content, else None.
 
     The files are checked as cached records are (size and mtime; hashed only when touched), so a scan
     does not re-read gigabytes of checkpoints that were evaluated before.
     """
-    path = evaluation_path(checkpoint_dir)
+    path = run_dir.evaluation(step)
     if not path.exists():
         return None
     entry = read_json(path)
@@ -75,10 +75,10 @@ def read_evaluation(checkpoint_dir: str | Path) -> dict[str, Any] | None:
     return entry if files and StageRecord(files=files).problem() is None else None
 
 
-def _write_tensorboard(run_dir: Path, step: int, result: dict[str, Any]) -> None:
+def _write_tensorboard(run_dir: RunDir, step: int, result: dict[str, Any]) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(run_dir / "tensorboard"))
+    writer = SummaryWriter(str(run_dir.tensorboard))
     try:
         if result.get("val_loss") is not None:
             writer.add_scalar("eval/val_loss", result["val_loss"], step)
@@ -99,10 +99,10 @@ def evaluate_checkpoint(
     the checkpoint's step and its evaluations/ ledger."""
     if shards is None and hellaswag is None:
         raise ValueError("evaluate: nothing to evaluate; give val shards and/or a HellaSwag eval file")
-    ledger = evaluation_path(checkpoint.path)
+    ledger = evaluation_path(checkpoint)
     ledger.parent.mkdir(parents=True, exist_ok=True)
     out = ledger.with_name(ledger.name + ".result.tmp")
-    args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(checkpoint.run_dir)]
+    args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(RunDir(checkpoint.run_dir))]
     if shards is not None:
         args += ["--val-data", shards.val_glob]
     if hellaswag is not None:
@@ -110,10 +110,67 @@ def evaluate_checkpoint(
     run_streaming(python_module("gpt2.evaluate", args), log_lines())
     result = read_json(out)
     out.unlink()
-
-    _write_tensorboard(checkpoint.run_dir, checkpoint.step, result)
-    entry = {"checkpoint": checkpoint.path, "files": [asdict(f) for f in checkpoint.files], "step": checkpoint.step,
-             "val_loss": result.get("val_loss"), "hellaswag": result.get("hellaswag")}
-    write_json(ledger, entry)  # last, atomically: a crash before it leaves the checkpoint unevaluated
+    entry = file_evaluation(checkpoint, result.get("val_loss"), result.get("hellaswag"))
     return EvalRecord(files=(FileRef.of(ledger),), checkpoint=checkpoint.path, step=checkpoint.step,
                       val_loss=entry["val_loss"], hellaswag=entry["hellaswag"])
+
+
+def file_evaluation(checkpoint: CheckpointRecord, val_loss: float | None,
+                    hellaswag: dict[str, float] | None) -> dict[str, Any]:
+    """Put an evaluation of `checkpoint` into its run's TensorBoard log and ledger (the ledger last, atomically:
+    a crash before it leaves the checkpoint unevaluated); returns the ledger entry."""
+    run_dir = RunDir(checkpoint.run_dir)
+    result = {"val_loss": val_loss, "hellaswag": hellaswag}
+    _write_tensorboard(run_dir, checkpoint.step, result)
+    entry = {"checkpoint": checkpoint.path, "files": [asdict(f) for f in checkpoint.files], "step": checkpoint.step,
+             **result}
+    run_dir.evaluations.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir.evaluation(checkpoint.step), entry)
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the scan of a run (scheduled evaluation)
+
+
+def _run_inputs(run_dir: RunDir) -> tuple[str, ShardsRecord | None, EvalFileRecord | None]:
+    """(model, val shards, HellaSwag file) of a training run, from the config.json gpt2.train wrote."""
+    config = read_json(run_dir.config)
+    shards = ShardsRecord.from_manifest(Path(config["val_data"]).parent) if config.get("val_data") else None
+    hellaswag = EvalFileRecord.of(config["hellaswag"]) if config.get("hellaswag") else None
+    return config["model"], shards, hellaswag
+
+
+def evaluate_run(run_dir: RunDir, settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
+    """Evaluate every checkpoint of a run that its ledger does not hold yet; one table row per checkpoint.
+
+    A checkpoint that fails verification is not evaluated (a warning names the file); one pruned by the
+    training run since the listing is skipped.
+    """
+    from gpt2.checkpoint import CheckpointError, list_checkpoints
+
+    logger = get_run_logger()
+    if not run_dir.config.exists():
+        logger.info("%s: no config.json yet (training has not started); skipped", run_dir.root)
+        return []
+    model, shards, hellaswag = _run_inputs(run_dir)
+    rows = []
+    for step, path in list_checkpoints(run_dir.root):
+        done = read_evaluation(run_dir, step)  # without hashing the checkpoint again
+        evaluated_now = done is None
+        if evaluated_now:
+            try:
+                checkpoint = CheckpointRecord.of(path, model)
+            except FileNotFoundError:  # pruned by the training run since the listing
+                continue
+            except CheckpointError as e:
+                logger.warning("checkpoint %s not evaluated: %s", path, e)
+                continue
+            record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
+            done = read_evaluation(run_dir, step)
+            if done is None:  # a cached result of another run's checkpoint with the same content
+                done = file_evaluation(checkpoint, record.val_loss, record.hellaswag)
+        hs = done["hellaswag"] or {}
+        rows.append({"run": run_dir.root.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
+                     "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now})
+    return rows

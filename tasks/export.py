@@ -12,6 +12,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key
 from tasks.init import MODEL_CODE, CheckpointRecord
@@ -55,7 +56,7 @@ def export_hf(checkpoint: CheckpointRecord, out_dir: str | None = None) -> HFExp
     """
     from gpt2.export_hf import export_checkpoint
 
-    out = Path(out_dir) if out_dir else checkpoint.run_dir / f"hf_step_{checkpoint.step:08d}"
+    out = Path(out_dir) if out_dir else RunDir(checkpoint.run_dir).hf_export(checkpoint.step)
     export_checkpoint(checkpoint.path, out, overwrite=True)
     record = HFExportRecord(files=tuple(FileRef.of(p) for p in sorted(out.iterdir())), path=str(out.resolve()),
                             step=checkpoint.step)

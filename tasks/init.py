@@ -1,8 +1,13 @@
-"""The init stage: the step-0 checkpoint, weights initialised in llm.c's PyTorch RNG order (gpt2.init).
+"""The init stage: the weights training starts from, identified by their content.
 
-`CheckpointRecord` (a checkpoint directory by content and step) is the input of train, evaluate and sample,
-and `MODEL_CODE` (the checkpoint format, and through its imports the model and its init) is part of each
-of their code versions.
+Either llm.c's init in PyTorch RNG order (gpt2.init) from a seed, written as a step-0 checkpoint, or
+existing weights (`init_from`: one of our checkpoints, an llm.c model file or a Hugging Face GPT-2
+directory) for continued pretraining or fine-tuning. Both give a `WeightsRecord`, whose files are the
+content identity that train's cache key and run id are made of.
+
+`CheckpointRecord` (a verified checkpoint directory, by content and step) is the output of train and the
+input of evaluate and sample; `MODEL_CODE` (the checkpoint format, and through its imports the model and
+its init) is part of each of their code versions.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from prefect import get_run_logger, task
 from tasks.cache import FileRef, StageCache, StageRecord
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
-MODEL_CODE = ("gpt2.checkpoint",)  # entry modules; what they import counts too (tasks.cache.code_version)
+MODEL_CODE = ("gpt2.checkpoint", "gpt2.weights")  # entry modules; their imports count too (tasks.cache)
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,9 @@ class CheckpointRecord(StageRecord):
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.path).parent.parent  # <run_dir>/checkpoints/step_NNNNNNNN
+        from gpt2.run_dir import RunDir
+
+        return RunDir.of_checkpoint(self.path).root
 
     def content_digest(self) -> str:
         # the step is part of the identity: evaluations are filed and plotted under it
@@ -34,20 +41,57 @@ class CheckpointRecord(StageRecord):
 
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
-        from common.files import read_json
-        from gpt2.checkpoint import COMPLETE_MARKER, MODEL_FILE, STATE_FILE
+        """The record of a checkpoint that verifies (every file's size and sha256 against its COMPLETE marker);
+        gpt2.checkpoint.CheckpointError naming the file otherwise."""
+        from gpt2.checkpoint import verify_checkpoint
 
         path = Path(path).resolve()
-        step = read_json(path / COMPLETE_MARKER)["step"]
-        files = tuple(FileRef.of(path / name) for name in (STATE_FILE, MODEL_FILE))
-        return cls(files=files, path=str(path), step=step, model=model)
+        marker = verify_checkpoint(path)
+        files = tuple(FileRef.with_sha256(path / name, entry["sha256"]) for name, entry in marker["files"].items())
+        return cls(files=files, path=str(path), step=marker["step"], model=model)
+
+
+@dataclass(frozen=True)
+class WeightsRecord(StageRecord):
+    """The weights a training run starts from: `path` is what gpt2.train's `init_from` takes."""
+
+    path: str
+    model: str  # model spec of the run
+    source: str  # `init` (llm.c's init from the seed), `checkpoint`, `llmc` or `hf`
+
+
+def _existing_weights(init_from: str, model: str) -> WeightsRecord:
+    """The record of a weight source whose shape is `model`'s; ValueError naming both otherwise."""
+    from common.files import sha256_file
+    from gpt2.config import parse_model_spec
+    from gpt2.weights import load_model, source_files, source_kind
+
+    path = Path(init_from).resolve()
+    kind = source_kind(path)
+    if kind == "checkpoint":
+        checkpoint = CheckpointRecord.of(path, model)  # verified
+        files = checkpoint.files
+    else:
+        files = tuple(FileRef.with_sha256(f, sha256_file(f)) for f in source_files(path))
+    held, _ = load_model(path)  # reads every weight: a source that cannot be loaded fails here, not in train
+    if held.config != parse_model_spec(model):
+        raise ValueError(f"init_from {init_from} holds model {held.config}, but model={model!r} is "
+                         f"{parse_model_spec(model)}; set model to the source's shape")
+    return WeightsRecord(files=files, path=str(path), model=model, source=kind)
 
 
 @task(name="init", cache_policy=StageCache(stage="init", code=MODEL_CODE), persist_result=True)
-def init_model(model: str, seed: int, out_dir: str) -> CheckpointRecord:
-    """Step-0 checkpoint: weights initialised in llm.c's PyTorch RNG order (gpt2.init) from `seed`."""
+def init_model(model: str, seed: int, out_dir: str, init_from: str | None = None) -> WeightsRecord:
+    """The weights training starts from: `init_from` as it is, or llm.c's init of `model` from `seed` written
+    as a step-0 checkpoint under `out_dir`."""
     from gpt2.checkpoint import write_initial_checkpoint
 
+    logger = get_run_logger()
+    if init_from:
+        record = _existing_weights(init_from, model)
+        logger.info("training starts from %s (%s, %d file(s) hashed)", record.path, record.source, len(record.files))
+        return record
     path = write_initial_checkpoint(out_dir, model, seed)
-    get_run_logger().info("initial weights of %s (seed %d) in %s", model, seed, path)
-    return CheckpointRecord.of(path, model)
+    logger.info("initial weights of %s (seed %d) in %s", model, seed, path)
+    checkpoint = CheckpointRecord.of(path, model)
+    return WeightsRecord(files=checkpoint.files, path=checkpoint.path, model=model, source="init")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from common.files import atomic_path
+from common.files import read_json
+from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, log_lines, python_module
 from tasks.init import MODEL_CODE, CheckpointRecord
@@ -26,21 +26,13 @@ class SampleRecord(StageRecord):
 @task(name="sample", cache_policy=StageCache(stage="sample", code=SAMPLE_CODE), persist_result=True)
 def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_tokens: int, seed: int,
            device: str = "auto") -> SampleRecord:
-    """Text continuations of `prompt` from a checkpoint (`python -m gpt2.sample`), as a markdown artifact."""
-    lines: list[str] = []
-    log = log_lines()
-
-    def on_line(line: str) -> None:
-        log(line)
-        lines.append(line)
-
+    """Text continuations of `prompt` from a checkpoint (`python -m gpt2.sample`), into the run's samples/ folder
+    as JSON and a markdown artifact."""
+    path = RunDir(checkpoint.run_dir).sample(checkpoint.step)
     args = ["--checkpoint", checkpoint.path, "--prompt", prompt, "--num-samples", str(num_samples),
-            "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--device", device]
-    run_streaming(python_module("gpt2.sample", args), on_line)
-    samples = tuple(s.strip("\n") for s in re.split(r"^--- sample \d+$", "\n".join(lines), flags=re.M)[1:])
-    path = checkpoint.run_dir / f"samples_step_{checkpoint.step:08d}.md"
+            "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--device", device, "--out", str(path)]
+    run_streaming(python_module("gpt2.sample", args), log_lines())
+    samples = tuple(read_json(path)["samples"])
     text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
-    with atomic_path(path) as tmp:
-        tmp.write_text(text + "\n")
     create_markdown_artifact(f"# Samples at step {checkpoint.step}\n\n{text}\n", key=artifact_key("samples"))
     return SampleRecord(files=(FileRef.of(path),), samples=samples)

@@ -1,10 +1,15 @@
-"""The train stage: `torchrun -m gpt2.train` from the init checkpoint, in a run directory named by content."""
+"""The train stage: `torchrun -m gpt2.train` from the init stage's weights, in a run directory named by content.
+
+The stage builds and validates gpt2.train's TrainConfig in-process (a bad setting fails before any process
+starts, and is not retried), hands it over as the run's JSON config, follows progress in the run's
+metrics file and reads the outcome from its summary file (paths from gpt2.run_dir).
+"""
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,17 +17,18 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from common.files import atomic_path
+from common.files import read_json, write_json
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
-from tasks.init import MODEL_CODE, CheckpointRecord
+from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
 from tasks.launch import CommandFailed, Rendezvous, run_streaming, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
 from tasks.retry import TransientError, retry_if_transient
 from tasks.tokenize import ShardsRecord
 
 if TYPE_CHECKING:
+    from gpt2.run_dir import RunDir
     from gpt2.train_config import TrainConfig
 
 # modules whose source determines the stage's output (their edits invalidate its cache and name a new run)
@@ -30,7 +36,7 @@ TRAIN_CODE = MODEL_CODE + ("gpt2.train",)
 
 TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its latest checkpoint
 TRAIN_RETRY_DELAY_S = 30
-_STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \|")  # gpt2.train's per-step console line
+PROGRESS_POLL_S = 1.0  # how often the metrics file is looked at for progress
 
 
 @dataclass(frozen=True)
@@ -44,109 +50,109 @@ class TrainRecord(StageRecord):
     tokens_per_s: float | None
     mfu: float | None
     loss_curve: str
-
-
-def _copy_checkpoint(src: Path, run_dir: Path) -> None:
-    """Put checkpoint `src` into run_dir/checkpoints under the same name, atomically (copy, then rename)."""
-    dest = run_dir / "checkpoints" / src.name
-    if dest.exists():
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".tmp_{dest.name}_copy")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    tmp.rename(dest)
-
-
-def _train_config(run_dir: Path, shards: ShardsRecord, hellaswag: EvalFileRecord | None, init: CheckpointRecord,
-                  seed: int, settings: dict[str, Any]) -> dict[str, Any]:
-    """gpt2.train's config: the stage's inputs wired in, `settings` (TrainConfig fields) on top."""
-    wired = {"model": init.model, "seed": seed, "train_data": shards.train_glob, "val_data": shards.val_glob,
-             "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir)}
-    clash = sorted(set(wired) & set(settings))
-    if clash:
-        raise ValueError(f"train settings must not set {', '.join(clash)}: the pipeline wires them from its stages")
-    return {**wired, **settings}
+    rejected_checkpoints: tuple[str, ...] = ()  # checkpoints that failed verification and were not resumed from
 
 
 class _ProgressReporter:
-    """Turns gpt2.train's `step N/M |` lines into a Prefect progress artifact (updated every whole percent)."""
+    """A Prefect progress artifact (updated every whole percent) that follows the steps gpt2.train appends
+    to the run's metrics file; it reads only the bytes added since its last look."""
 
-    def __init__(self, key: str):
+    def __init__(self, metrics: Path, max_steps: int, key: str):
+        self.metrics, self.max_steps = metrics, max_steps
         self.artifact_id = create_progress_artifact(0.0, key=key, description="training progress")
-        self.shown = 0
+        self.shown, self.offset, self.inode, self.checked = 0, 0, None, 0.0
 
-    def __call__(self, line: str) -> None:
-        if m := _STEP_LINE.match(line):
-            percent = int(100 * int(m.group(1)) / int(m.group(2)))
-            if percent > self.shown:
-                update_progress_artifact(self.artifact_id, float(percent))
-                self.shown = percent
+    def poll(self, now: bool = False) -> None:
+        if not now and time.monotonic() - self.checked < PROGRESS_POLL_S:
+            return
+        self.checked = time.monotonic()
+        try:
+            stat = os.stat(self.metrics)
+        except FileNotFoundError:
+            return
+        if stat.st_ino != self.inode or stat.st_size < self.offset:  # replaced (a resume rewrites it): reread
+            self.inode, self.offset = stat.st_ino, 0
+        with open(self.metrics, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
+        self.offset += len(complete)
+        steps = [r["step"] + 1 for r in map(json.loads, complete.splitlines()) if r.get("kind") == "train"]
+        percent = int(100 * max(steps) / self.max_steps) if steps else 0
+        if percent > self.shown:
+            update_progress_artifact(self.artifact_id, float(percent))
+            self.shown = percent
 
 
 @task(name="train", cache_policy=StageCache(stage="train", code=TRAIN_CODE, ignore=("rendezvous",)),
       persist_result=True, retries=TRAIN_RETRIES, retry_delay_seconds=TRAIN_RETRY_DELAY_S,
       retry_condition_fn=retry_if_transient)
 def train(
-    shards: ShardsRecord, hellaswag: EvalFileRecord | None, init: CheckpointRecord, seed: int,
+    shards: ShardsRecord, hellaswag: EvalFileRecord | None, init: WeightsRecord, seed: int,
     settings: dict[str, Any], runs_dir: str, nproc: int | None = None, rendezvous: Rendezvous = Rendezvous(),
 ) -> TrainRecord:
-    """`torchrun -m gpt2.train` from the init checkpoint; retries resume from the latest checkpoint.
+    """`torchrun -m gpt2.train` from the init stage's weights; retries resume from the newest checkpoint that
+    verifies.
 
     The run directory is runs_dir/<id>, where the id hashes everything that determines the run (inputs by
     content, settings, process count, code), so a changed setting starts a new run instead of resuming an
     unrelated one, and a retry of the same run finds its own checkpoints.
     nproc: processes per node; default one per visible GPU, else 1 (CPU).
     """
-    from gpt2.train_config import load_config, validate
+    from gpt2.run_dir import RunDir
+    from gpt2.train_config import validate_train_settings
 
     nproc = nproc or max(1, visible_gpus())
     run_id = stage_key("train", TRAIN_CODE, dict(shards=shards, hellaswag=hellaswag, init=init, seed=seed,
                                                    settings=settings, nproc=nproc))[:12]
-    run_dir = Path(runs_dir).resolve() / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config_path = run_dir / "pipeline_train_config.json"
-    with atomic_path(config_path) as tmp:  # renamed to config_path only once gpt2.train accepts it
-        tmp.write_text(json.dumps(_train_config(run_dir, shards, hellaswag, init, seed, settings), indent=2) + "\n")
-        # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
-        # process starts: a ConfigError is deterministic and is not retried
-        config = load_config(["--config", str(tmp)])
-        validate(config, world_size=nproc * rendezvous.nnodes)
-    _copy_checkpoint(Path(init.path), run_dir)  # gpt2.train starts from step 0 when it has no later checkpoint
+    run_dir = RunDir(Path(runs_dir).resolve() / run_id)
+    wired = {"model": init.model, "seed": seed, "train_data": shards.train_glob, "val_data": shards.val_glob,
+             "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
+    # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
+    # process starts: a ConfigError is deterministic and is not retried
+    config = validate_train_settings(settings, nproc * rendezvous.nnodes, wired, check_inputs=True)
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir.launch_config, config.to_dict())
 
     logger = get_run_logger()
-    logger.info("training in %s with %d process(es) per node", run_dir, nproc)
-    log, progress = log_lines(), _ProgressReporter(artifact_key("train-progress", run_id))
+    logger.info("training in %s with %d process(es) per node", run_dir.root, nproc)
+    log = log_lines()
+    progress = _ProgressReporter(run_dir.metrics, config.max_steps, artifact_key("train-progress", run_id))
 
     def on_line(line: str) -> None:
         log(line)
-        progress(line)
+        progress.poll()
 
-    cmd = torchrun_command("gpt2.train", ["--config", str(config_path)], nproc, rendezvous, run_id=run_id)
+    cmd = torchrun_command("gpt2.train", ["--config", str(run_dir.launch_config)], nproc, rendezvous, run_id=run_id)
     try:
         run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
         raise TransientError(str(e)) from e
+    progress.poll(now=True)
     return _train_record(run_dir, config)
 
 
-def _train_record(run_dir: Path, config: TrainConfig) -> TrainRecord:
-    from gpt2.checkpoint import latest_checkpoint
-
-    metrics = read_metrics(run_dir / "metrics.jsonl")
+def _train_record(run_dir: RunDir, config: TrainConfig) -> TrainRecord:
+    """The record of a finished run, from the summary gpt2.train wrote and its metrics; the final checkpoint is
+    verified (sizes and sha256) before it is recorded."""
+    summary = read_json(run_dir.summary)
+    metrics = read_metrics(run_dir.metrics)
     figures = training_figures(metrics)
-    curve = plot_loss_curve(metrics, run_dir / "loss_curve.png", f"{run_dir.parent.name}/{run_dir.name}")
-    final = CheckpointRecord.of(latest_checkpoint(run_dir), config.model)
+    curve = plot_loss_curve(metrics, run_dir.loss_curve, f"{run_dir.root.parent.name}/{run_dir.root.name}")
+    final = CheckpointRecord.of(summary["checkpoint"], config.model)
     tokens = final.step * config.total_batch_size
     hellaswag = [m for m in metrics if m.get("kind") == "hellaswag"]
-    create_markdown_artifact(
-        run_summary_markdown(f"Training run {run_dir.name}", str(run_dir), final.step, tokens, figures,
-                             hellaswag[-1]["acc_norm"] if hellaswag else None, str(curve)),
-        key=artifact_key("train-summary", run_dir.name),
-        description="final loss, tokens/s and MFU against the reference points",
-    )
+    rejected = tuple(f"{r['path']}: {r['problem']}" for r in summary.get("rejected_checkpoints", ()))
+    markdown = run_summary_markdown(f"Training run {run_dir.root.name}", str(run_dir.root), final.step, tokens, figures,
+                                    hellaswag[-1]["acc_norm"] if hellaswag else None, str(curve))
+    if rejected:
+        markdown += ("\nCheckpoints that failed verification, set aside and not resumed from (this session resumed "
+                     f"from {summary.get('resumed_from') or 'the beginning'}):\n\n"
+                     + "".join(f"- {r}\n" for r in rejected))
+    create_markdown_artifact(markdown, key=artifact_key("train-summary", run_dir.root.name),
+                             description="final loss, tokens/s and MFU against the reference points")
     return TrainRecord(
-        files=final.files + (FileRef.of(run_dir / "summary.json"),), run_dir=str(run_dir), checkpoint=final,
+        files=final.files + (FileRef.of(run_dir.summary),), run_dir=str(run_dir.root), checkpoint=final,
         steps=final.step, tokens=tokens, train_loss=figures["train_loss"], val_loss=figures["val_loss"],
-        tokens_per_s=figures["tokens_per_s"], mfu=figures["mfu"], loss_curve=str(curve),
+        tokens_per_s=figures["tokens_per_s"], mfu=figures["mfu"], loss_curve=str(curve), rejected_checkpoints=rejected,
     )

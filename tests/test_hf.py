@@ -243,7 +243,8 @@ def test_cli_help():
 
 
 def test_cli_exports_the_latest_checkpoint_of_a_run(tmp_path, capsys, enc):
-    from gpt2.checkpoint import load_model, write_initial_checkpoint
+    from gpt2.checkpoint import write_initial_checkpoint
+    from gpt2.weights import load_model
     from gpt2.export_hf import main
 
     write_initial_checkpoint(tmp_path / "run", "n_layer=2,n_head=2,n_embd=32,block_size=64", seed=3)

@@ -5,6 +5,7 @@ so the module takes seconds after the server is up. Tests run in file order and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -75,6 +76,9 @@ def test_changed_shard_size_rebuilds_the_shards(data_params):
 
 
 def test_changed_hellaswag_source_writes_the_new_eval_file(data_params, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
     from data.hellaswag import iter_jsonl, read_eval_file, render_example
     from flows.pipeline import hellaswag_flow
 
@@ -86,6 +90,12 @@ def test_changed_hellaswag_source_writes_the_new_eval_file(data_params, tmp_path
     assert states(flow_run_id) == {"hellaswag": "Completed"}
     assert records["hellaswag"].num_examples == 3
     assert read_eval_file(records["hellaswag"].path) == [render_example(r, i) for i, r in enumerate(iter_jsonl(three))]
+    digest = hashlib.sha256(three.read_bytes()).hexdigest()
+    assert records["hellaswag"].source_sha256 == digest
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["hellaswag-eval-file"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    assert str(three) in artifact.data and digest in artifact.data and "3 examples" in artifact.data
 
 
 def test_a_mistyped_local_source_fails_at_once_naming_the_path(data_params, monkeypatch):

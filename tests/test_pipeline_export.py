@@ -52,7 +52,8 @@ def _artifact(key: str, settle_s: float = 30.0):
 
 
 def test_export_stage_writes_a_loadable_directory_cached_by_content(prefect_server):
-    from gpt2.checkpoint import load_model, write_initial_checkpoint
+    from gpt2.checkpoint import write_initial_checkpoint
+    from gpt2.weights import load_model
     from tasks.init import CheckpointRecord
 
     run_dir = prefect_server / "runs" / "tiny"

@@ -156,7 +156,7 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
     assert Path(run.loss_curve).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # final evaluation: val loss recomputed here from the val shard (B x T batches, in order)
-    from gpt2.checkpoint import load_model
+    from gpt2.weights import load_model
 
     model, step = load_model(run.checkpoint.path)
     B, T, steps = config.batch_size, config.seq_len, config.val_steps
@@ -235,6 +235,33 @@ def test_changed_training_parameter_reruns_training_and_what_follows_only(smoke)
     }
     assert json.loads((Path(records["train"].run_dir) / "config.json").read_text())["lr"] == 3e-4
     assert records["train"].checkpoint.content_digest() != smoke.records["train"].checkpoint.content_digest()
+
+
+def test_tokenize_hellaswag_and_init_run_at_the_same_time(smoke, tmp_path, monkeypatch):
+    """Each of the three independent stages waits, inside its work, until the other two have started theirs:
+    run one after another, the first would wait in vain and fail the run."""
+    import threading
+
+    import data.hellaswag
+    import data.shards
+    import gpt2.checkpoint
+    from flows.pipeline import train_flow
+
+    meeting = threading.Barrier(3, timeout=120)
+
+    def meet_then(real):
+        def wrapper(*args, **kwargs):
+            meeting.wait()  # BrokenBarrierError when the others do not start meanwhile
+            return real(*args, **kwargs)
+        return wrapper
+
+    for module, name in ((data.shards, "build_shards"), (data.hellaswag, "prepare"),
+                         (gpt2.checkpoint, "write_initial_checkpoint")):
+        monkeypatch.setattr(module, name, meet_then(getattr(module, name)))
+    flow_run_id, records, _ = run_flow(train_flow, **{**smoke.params, "root": str(tmp_path), "max_steps": 2,
+                                                      "checkpoint_every": 0, "val_every": 0})
+    assert isinstance(records, dict), records
+    assert states(flow_run_id) == {name: "Completed" for name in ("download", "tokenize", "hellaswag", "init", "train")}
 
 
 def test_transient_failure_is_retried_and_succeeds(smoke, tmp_path, monkeypatch):

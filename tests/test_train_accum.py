@@ -8,7 +8,7 @@ import torch
 from gpt2.distributed import DistContext
 from gpt2.model import GPT
 from gpt2.train import forward_backward, train
-from gpt2.train_config import parse_model_spec
+from gpt2.config import parse_model_spec
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
 from tests.fixtures.train.tiny import TINY_MODEL, final_params, read_metrics, tiny_config
 

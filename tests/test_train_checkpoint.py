@@ -8,9 +8,11 @@ import torch
 from gpt2 import checkpoint as ckpt
 from gpt2.hf import export_hf
 from gpt2.llmc import read_model_file
+from gpt2.config import parse_model_spec
 from gpt2.model import GPT
+from gpt2.run_dir import RunDir
 from gpt2.train import train
-from gpt2.train_config import parse_model_spec
+from gpt2.weights import load_model
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
 from tests.fixtures.train.tiny import TINY_MODEL, final_params, read_metrics, tiny_config
 
@@ -25,7 +27,7 @@ def test_keep_last_k_keeps_step_0_and_writes_an_llmc_file(tmp_path):
     train(config)
     assert _steps(config.out_dir) == [0, 4, 5]
     latest = ckpt.latest_checkpoint(config.out_dir)
-    assert latest == ckpt.checkpoint_path(config.out_dir, 5)
+    assert latest == RunDir(config.out_dir).checkpoint(5)
     state = ckpt.load_checkpoint(latest)
     llmc_model = read_model_file(latest / ckpt.MODEL_FILE)
     for name, value in llmc_model.state_dict().items():
@@ -35,7 +37,7 @@ def test_keep_last_k_keeps_step_0_and_writes_an_llmc_file(tmp_path):
 def test_incomplete_checkpoints_are_never_picked_up(tmp_path):
     config = tiny_config(tmp_path, max_steps=3, checkpoint_every=1, keep_last=10)
     train(config)
-    root = ckpt.checkpoint_path(config.out_dir, 0).parent
+    root = RunDir(config.out_dir).checkpoints
     # a crash mid-write leaves a hidden temporary directory; a directory without the marker is also ignored
     shutil.copytree(root / "step_00000003", root / ".tmp_step_00000004_123")
     shutil.copytree(root / "step_00000003", root / "step_00000009")
@@ -62,12 +64,12 @@ def test_a_failed_write_leaves_no_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         ckpt.save_checkpoint(tmp_path, 7, {"step": 7, "model": model.state_dict()}, model)
     assert ckpt.latest_checkpoint(tmp_path) is None
-    assert not ckpt.checkpoint_path(tmp_path, 7).exists()
+    assert not RunDir(tmp_path).checkpoint(7).exists()
 
 
 def test_training_starts_from_the_initial_checkpoint(tmp_path):
-    config = tiny_config(tmp_path, max_steps=1, lr=0.0, resume=False)  # lr 0: the weights stay the init's
-    ckpt.write_initial_checkpoint(config.out_dir, TINY_MODEL, seed=7)
+    init = ckpt.write_initial_checkpoint(tmp_path / "init", TINY_MODEL, seed=7)
+    config = tiny_config(tmp_path, max_steps=1, lr=0.0, init_from=str(init))  # lr 0: the weights stay the init's
     train(config)
     expected = GPT.create(parse_model_spec(TINY_MODEL), seed=7).state_dict()
     seed_42 = GPT.create(parse_model_spec(TINY_MODEL), seed=42).state_dict()
@@ -78,9 +80,12 @@ def test_training_starts_from_the_initial_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
-    config = tiny_config(tmp_path, max_steps=1)
+    other = ckpt.write_initial_checkpoint(tmp_path / "init", "n_layer=1,n_head=2,n_embd=32,block_size=64,vocab_size=256")
+    with pytest.raises(ValueError, match="use another --out-dir or --init-from, or the matching --model"):
+        train(tiny_config(tmp_path, max_steps=1, init_from=str(other)))
+    config = tiny_config(tmp_path / "resumed", max_steps=1)
     ckpt.write_initial_checkpoint(config.out_dir, "n_layer=1,n_head=2,n_embd=32,block_size=64,vocab_size=256")
-    with pytest.raises(ValueError, match="use another --out-dir or the matching --model"):
+    with pytest.raises(ValueError, match="use another --out-dir or --init-from, or the matching --model"):
         train(config)
 
 
@@ -95,8 +100,8 @@ def test_load_model_from_every_source(tmp_path):
     expected, _ = reference(idx)
     for source, step in ((latest, 2), (config.out_dir, 2), (latest.parent, 2), (latest / ckpt.MODEL_FILE, None),
                          (hf_dir, None)):
-        model, got_step = ckpt.load_model(source)
+        model, got_step = load_model(source)
         assert got_step == step, source
         torch.testing.assert_close(model(idx)[0], expected, rtol=1e-5, atol=1e-5, msg=str(source))
     with pytest.raises(FileNotFoundError, match="not a checkpoint directory"):
-        ckpt.load_model(tmp_path / "shards")
+        load_model(tmp_path / "shards")

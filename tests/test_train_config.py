@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from gpt2.train_config import ConfigError, TrainConfig, build_arg_parser, load_config, parse_model_spec, validate
+from gpt2.config import parse_model_spec
+from gpt2.train_config import ConfigError, TrainConfig, build_arg_parser, load_config, validate
 from tests.fixtures.train.tiny import TINY_MODEL, make_shards
 
 
@@ -69,7 +70,7 @@ def test_model_spec():
     tiny = parse_model_spec(TINY_MODEL)
     assert (tiny.n_layer, tiny.n_head, tiny.n_embd, tiny.block_size, tiny.vocab_size) == (2, 2, 32, 64, 256)
     assert parse_model_spec("n_layer=1,n_head=1,n_embd=8,vocab_size=300").padded_vocab_size == 384
-    with pytest.raises(ConfigError, match="unknown shape field 'layers'"):
+    with pytest.raises(ValueError, match="unknown shape field 'layers'"):
         parse_model_spec("layers=2")
     with pytest.raises(ValueError, match="unknown model descriptor"):
         parse_model_spec("d13")
@@ -104,3 +105,30 @@ def test_validate_accepts_a_good_config(tmp_path):
 def test_validate_says_what_to_change(tmp_path, overrides, world_size, message):
     with pytest.raises(ConfigError, match=message):
         validate(_valid(tmp_path, **overrides), world_size=world_size)
+
+
+def test_yaml_numbers_without_a_dot_are_floats_and_a_bad_one_names_the_field(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("lr: 6e-4\neps: 1e-8\nweight_decay: 0.1\n")  # PyYAML reads 6e-4 and 1e-8 as strings
+    c = load_config(["--config", str(path)])
+    assert (c.lr, c.eps, c.weight_decay) == (6e-4, 1e-8, 0.1)
+    path.write_text("lr: six\n")
+    with pytest.raises(ConfigError, match=f"{path}: lr must be a number, got 'six'"):
+        load_config(["--config", str(path)])
+
+
+def test_pipeline_settings_are_validated_before_any_input_exists():
+    from gpt2.train_config import validate_train_settings
+
+    settings = {"max_steps": 30, "warmup_steps": 3, "lr": "3e-4", "seq_len": 64, "batch_size": 4,
+                "total_batch_size": 512, "sample_every": 0}
+    config = validate_train_settings(settings, world_size=2, wired={"model": TINY_MODEL})
+    assert (config.max_steps, config.lr, config.model) == (30, 3e-4, TINY_MODEL)
+    with pytest.raises(ConfigError, match=r"total_batch_size=512 is not a multiple of .* = 768"):
+        validate_train_settings(settings, world_size=3, wired={"model": TINY_MODEL})
+    with pytest.raises(ConfigError, match="did you mean 'max_steps'"):
+        validate_train_settings({"max_stepz": 30})
+    with pytest.raises(ConfigError, match="warmup_steps=700 exceeds max_steps=30"):
+        validate_train_settings({"max_steps": 30})
+    with pytest.raises(ConfigError, match="must not set out_dir"):
+        validate_train_settings({"out_dir": "x"})

@@ -13,7 +13,7 @@ from gpt2.distributed import DistContext
 from gpt2.llmc import write_model_file
 from gpt2.model import GPT
 from gpt2.train import train
-from gpt2.train_config import parse_model_spec
+from gpt2.config import parse_model_spec
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
 from tests.fixtures.train.tiny import (
     TINY_GPT2_VOCAB_MODEL, TINY_MODEL, make_shards, read_metrics, tiny_config, write_hellaswag_file,

@@ -97,10 +97,11 @@ def test_nan_step_is_skipped_and_never_reaches_the_weights(tmp_path, poisoned_st
     records = read_metrics(config.out_dir)
     assert [r["skipped"] for r in records] == [False, False, True, False]
     assert records[2]["loss"] is None  # NaN is written as null
-    from gpt2.checkpoint import checkpoint_path, load_checkpoint
+    from gpt2.checkpoint import load_checkpoint
+    from gpt2.run_dir import RunDir
 
-    after_2 = load_checkpoint(checkpoint_path(config.out_dir, 2))["model"]
-    after_3 = load_checkpoint(checkpoint_path(config.out_dir, 3))["model"]
+    after_2 = load_checkpoint(RunDir(config.out_dir).checkpoint(2))["model"]
+    after_3 = load_checkpoint(RunDir(config.out_dir).checkpoint(3))["model"]
     for name in after_2:
         assert torch.equal(after_2[name], after_3[name]), name
     assert all(torch.isfinite(t).all() for t in final_params(config.out_dir).values())

@@ -6,7 +6,9 @@ import re
 import pytest
 
 from gpt2.config import GPTConfig
-from gpt2.train import MetricsLogger, flops_per_token, train
+from gpt2.metrics import MetricsLogger, flops_per_token
+from gpt2.run_dir import RunDir
+from gpt2.train import train
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
 from tests.fixtures.train.tiny import read_metrics, tiny_config
 
@@ -36,7 +38,7 @@ def test_one_line_per_step_and_a_record_per_step(tmp_path, capsys):
 
 
 def test_records_are_flushed_as_written_and_tensorboard_gets_scalars(tmp_path):
-    logger = MetricsLogger(tmp_path, enabled=True, start_step=0, max_steps=10)
+    logger = MetricsLogger(RunDir(tmp_path), enabled=True, start_step=0, max_steps=10)
     logger.log({"step": 0, "kind": "train", "loss": 2.5, "norm": float("nan"), "skipped": False}, "train")
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()  # readable before close
     assert json.loads(lines[0]) == {"step": 0, "kind": "train", "loss": 2.5, "norm": None, "skipped": False}
@@ -53,7 +55,7 @@ def test_records_are_flushed_as_written_and_tensorboard_gets_scalars(tmp_path):
 
 
 def test_other_ranks_write_nothing(tmp_path):
-    logger = MetricsLogger(tmp_path, enabled=False, start_step=0, max_steps=10)
+    logger = MetricsLogger(RunDir(tmp_path), enabled=False, start_step=0, max_steps=10)
     logger.log({"step": 0, "kind": "train", "loss": 2.5}, "train", "a line")
     logger.close()
     assert list(tmp_path.iterdir()) == []

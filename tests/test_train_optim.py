@@ -7,7 +7,7 @@ import torch
 
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
-from gpt2.train_config import parse_model_spec
+from gpt2.config import parse_model_spec
 from tests.fixtures.train.tiny import TINY_MODEL
 
 LR, STEPS, WARMUP = 6e-4, 1000, 100

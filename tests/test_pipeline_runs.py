@@ -1,0 +1,149 @@
+"""Training runs through the real pipeline (a temporary Prefect server, the smoke deployment's config):
+verified checkpoints, the run directory's owner, starting from existing weights, scheduled evaluation.
+
+One module-scoped server and smoke run are shared; each test leaves the run's final checkpoint valid.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_pipeline_flows import run_flow, smoke_params, states, task_runs, tensorboard_scalars
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    root = tmp_path_factory.mktemp("runs")
+    with prefect_test_harness(server_startup_timeout=180), \
+            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
+        yield root
+
+
+@pytest.fixture(scope="module")
+def smoke(prefect_server):
+    from flows.config import check_settings
+    from flows.pipeline import gpt2_pretrain
+
+    params = smoke_params(prefect_server / "artifacts")
+    _, records, _ = run_flow(gpt2_pretrain, **params)
+    assert isinstance(records, dict), f"smoke pipeline failed: {records!r}"
+    return params, check_settings(params), records
+
+
+def artifacts(key: str, flow_run_id) -> list:
+    """The artifacts of a flow run under `key` (earlier runs may have made some under the same key)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def _overwrite_1kib(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[100:1124] = bytes(b ^ 0x5A for b in data[100:1124])
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize("file_name, corrupt", [
+    ("state.pt", _overwrite_1kib), ("model.bin", _truncate), ("model.bin", Path.unlink), ("state.pt", _truncate),
+], ids=["state.pt overwritten (1 KiB)", "model.bin truncated", "model.bin deleted", "state.pt truncated"])
+def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(smoke, file_name, corrupt):
+    from flows.pipeline import gpt2_pretrain
+
+    params, config, first = smoke
+    final = Path(first["train"].checkpoint.path)
+    corrupt(final / file_name)
+
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **params)
+    assert isinstance(records, dict), f"the pipeline failed: {records!r}"
+    assert states(flow_run_id)["train"] == "Completed"
+    (train_run,) = task_runs(flow_run_id)["train"]
+    assert train_run.run_count == 1  # no failed attempts on the corrupt checkpoint
+    summary = json.loads((Path(records["train"].run_dir) / "summary.json").read_text())
+    assert summary["start_step"] == config.checkpoint_every  # the previous checkpoint, not the corrupt one
+    from gpt2.checkpoint import verify_checkpoint
+    from gpt2.run_dir import RunDir
+
+    run_dir = RunDir(records["train"].run_dir)
+    assert len(records["train"].rejected_checkpoints) == 1
+    assert f"{final / file_name}" in records["train"].rejected_checkpoints[0]
+    record = records["train"].checkpoint
+    assert record.path == str(final) and record.step == config.max_steps
+    marker = verify_checkpoint(record.path)  # what is recorded verifies, file by file
+    assert {Path(f.path).name: f.sha256 for f in record.files} == {n: e["sha256"] for n, e in marker["files"].items()}
+
+    (artifact,) = artifacts(f"train-summary-{run_dir.root.name}", flow_run_id)
+    assert "failed verification" in artifact.data and str(final) in artifact.data
+
+
+def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smoke, tmp_path):
+    from flows.pipeline import gpt2_evaluate
+    from gpt2.checkpoint import list_checkpoints
+
+    _, _, first = smoke
+    runs_dir = tmp_path / "runs"
+    original = Path(first["train"].run_dir)
+    for name in ("run-a", "run-b"):  # two runs whose checkpoints hold the same bytes
+        shutil.copytree(original, runs_dir / name, ignore=shutil.ignore_patterns("evaluations", "tensorboard", "LOCK"))
+
+    flow_run_id, rows, _ = run_flow(gpt2_evaluate, str(runs_dir))
+    steps = [step for step, _ in list_checkpoints(runs_dir / "run-a")]
+    assert sorted((r["run"], r["step"]) for r in rows) == [(run, s) for run in ("run-a", "run-b") for s in steps]
+    for name in ("run-a", "run-b"):
+        run_dir = runs_dir / name
+        for step in steps:
+            entry = json.loads((run_dir / "evaluations" / f"step_{step:08d}.json").read_text())
+            assert entry["checkpoint"].startswith(str(run_dir)), entry["checkpoint"]
+        assert [s for s, _ in tensorboard_scalars(run_dir, "eval/val_loss")] == steps, name
+
+
+def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tmp_path):
+    """init_from an exported Hugging Face directory: the init stage records its files' hashes, and the first
+    training step's loss is that model's loss on the first batch."""
+    import numpy as np
+
+    from common.files import sha256_file
+    from flows.pipeline import gpt2_pretrain
+    from gpt2.hf import export_hf
+    from gpt2.model import GPT
+    from gpt2.config import parse_model_spec
+
+    params, config, first = smoke
+    weights = GPT.create(parse_model_spec(config.model), seed=1234)
+    hf_dir = export_hf(weights, tmp_path / "hf")
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **{**params, "init_from": str(hf_dir), "run_name": "smoke-from-hf"})
+    assert isinstance(records, dict), f"the pipeline failed: {records!r}"
+    init = records["init"]
+    assert (init.source, init.path) == ("hf", str(hf_dir.resolve()))
+    assert {Path(f.path).name: f.sha256 for f in init.files} == {
+        name: sha256_file(hf_dir / name) for name in ("config.json", "model.safetensors")}
+
+    # the first batch of the first train shard, as data.loader reads it (rank 0 of 1, B x T + 1 tokens)
+    B, T = config.batch_size, config.seq_len
+    shard = sorted(Path(records["tokenize"].out_dir).glob("*_train_*.bin"))[0]
+    tokens = torch.from_numpy(np.fromfile(shard, dtype="<u2", offset=1024)[: B * T + 1].astype(np.int64))
+    with torch.no_grad():
+        _, expected = weights(tokens[:-1].view(B, T), tokens[1:].view(B, T))
+    metrics = [json.loads(line) for line in (Path(records["train"].run_dir) / "metrics.jsonl").read_text().splitlines()]
+    first_loss = next(m["loss"] for m in metrics if m["kind"] == "train")
+    assert first_loss == pytest.approx(expected.item(), rel=1e-5)
+
+    # progress followed the metrics file to the end
+    (progress,) = artifacts(f"train-progress-{Path(records['train'].run_dir).name}", flow_run_id)
+    assert float(progress.data) == 100.0
