@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from gpt2.checkpoint import list_checkpoints, load_checkpoint
 from tests.fixtures.train.tiny import final_params, read_metrics, tiny_config
@@ -65,28 +63,38 @@ def test_zero1_trains_like_ddp_and_resumes_exactly(tmp_path):
             assert torch.equal(got_state[index][key], value), (index, key)
 
 
-def _state_numel_per_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    from gpt2.config import GPTConfig
-    from gpt2.model import GPT
-    from gpt2.optim import configure_optimizer
+SHARD_SCRIPT = """
+import json, sys
+import torch
+import torch.distributed as dist
+from gpt2.config import GPTConfig
+from gpt2.model import GPT
+from gpt2.optim import configure_optimizer
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = GPT.create(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
-    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, zero1=True)
-    idx = torch.randint(0, 64, (2, 16))
-    model(idx, idx)[1].backward()
-    optimizer.step()
-    held = sum(t.numel() for s in optimizer.optim.state.values() for k, t in s.items() if k != "step")
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"held": held, "params": model.num_parameters()}))
-    dist.destroy_process_group()
+dist.init_process_group("gloo")
+model = GPT.create(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, zero1=True)
+idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(dist.get_rank()))
+model(idx, idx)[1].backward()
+optimizer.step()
+held = sum(t.numel() for s in optimizer.optim.state.values() for k, t in s.items() if k != "step")
+with open(f"{sys.argv[1]}/rank{dist.get_rank()}.json", "w") as f:
+    json.dump({"held": held, "params": model.num_parameters()}, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
 
 
 def test_zero1_shards_the_adamw_state(tmp_path):
     """Each of 2 ranks holds AdamW's two moments for only part of the parameters; together, all of them."""
-    world = 2
-    mp.spawn(_state_numel_per_rank, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    script = tmp_path / "shards.py"
+    script.write_text(SHARD_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     params = ranks[0]["params"]
     assert sum(r["held"] for r in ranks) == 2 * params  # exp_avg and exp_avg_sq of every parameter once
     assert all(0 < r["held"] < 0.75 * 2 * params for r in ranks)  # neither rank holds (nearly) all
