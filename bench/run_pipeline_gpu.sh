@@ -191,7 +191,7 @@ phase_train_alone() {
     rm -rf "$WORK/alone"
     log "gpt2.train alone on $nproc process(es), the config of $run_dir"
     "$python" -m torch.distributed.run --standalone --nproc-per-node="$nproc" -m gpt2.train \
-        --config "$run_dir/pipeline_train_config.json" --out-dir "$WORK/alone" --no-resume \
+        --config "$run_dir/launch_config.json" --out-dir "$WORK/alone" --no-resume \
         ${ALONE_STEPS:+--max-steps "$ALONE_STEPS" --warmup-steps "$(( ALONE_STEPS / 4 ))"} \
         >"$WORK/logs/train_alone.log" 2>&1 || { tail -40 "$WORK/logs/train_alone.log"; exit 1; }
     tail -3 "$WORK/logs/train_alone.log"
