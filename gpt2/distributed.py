@@ -77,8 +77,13 @@ def setup(device: str = "auto") -> DistContext:
     return DistContext(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
 
 
-def teardown() -> None:
+def teardown(clean: bool = True) -> None:
+    """Destroy the process group. On a clean exit every rank first waits for the others: a rank that
+    destroyed its group while a peer was still in a collective aborts that peer (seen with gloo). After an
+    error there is no barrier, since a peer may be gone and the barrier would hang."""
     if dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error("--batch-size, --seq-len and --val-steps must be positive")
 
     ctx = setup(args.device)
+    clean = False
     try:
         model, step = load_model(args.checkpoint, device=ctx.device)
         if args.seq_len > model.config.block_size:
@@ -129,9 +130,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.out:
                 Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 write_json(args.out, result)
+        clean = True
         return result
     finally:
-        teardown()
+        teardown(clean)
 
 
 if __name__ == "__main__":

@@ -337,10 +337,12 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         sys.exit(f"error: {e}")
     ctx = setup(config.device)
+    clean = False
     try:
         train(config, ctx)
+        clean = True
     finally:
-        teardown()
+        teardown(clean)
 
 
 if __name__ == "__main__":
