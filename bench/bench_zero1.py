@@ -20,7 +20,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt2 import step as step_fns
-from gpt2.train_config import parse_model_spec
+from gpt2.config import parse_model_spec
 from gpt2.distributed import setup, teardown
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
