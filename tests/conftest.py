@@ -20,3 +20,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """A temporary Prefect server for one test module; yields a fresh folder, which also holds the results."""
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+    from prefect.testing.utilities import prefect_test_harness
+
+    root = tmp_path_factory.mktemp("pipeline")
+    with prefect_test_harness(server_startup_timeout=180), \
+            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
+        yield root

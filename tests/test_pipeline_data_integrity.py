@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_pipeline_flows import prefect_server, run_flow, smoke_params, states, task_runs  # noqa: F401 (fixture)
+from test_pipeline_flows import run_flow, smoke_params, states, task_runs
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ HELLASWAG = REPO / "tests" / "fixtures" / "pipeline" / "hellaswag_mini.jsonl"
 
 
 @pytest.fixture(scope="module")
-def data_params(prefect_server):  # noqa: F811
+def data_params(prefect_server):
     """The smoke deployment's parameters, reading a 100-document copy of the corpus that tests edit."""
     corpus = prefect_server / "corpus.jsonl"
     corpus.write_text("".join(CORPUS.read_text().splitlines(keepends=True)[:100]))

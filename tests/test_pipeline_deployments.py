@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.processes import training_processes
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -136,20 +138,6 @@ def _deployments() -> list[dict]:
 # Ctrl-C and SIGTERM of run.sh: the flow run is cancelled and its training processes stop
 
 
-def _training_processes(run_name: str) -> list[int]:
-    """Live torchrun / gpt2.train processes of `run_name` (their command lines name its run directory)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and f"/runs/{run_name}/" in cmdline and ("gpt2.train" in cmdline or "torch.distributed.run" in cmdline):
-            found.append(int(pid))
-    return found
-
-
 def _wait_for(condition, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -171,7 +159,7 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
     proc = subprocess.Popen(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(_training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
+        assert _wait_for(lambda: len(training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -181,7 +169,7 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, output[-3000:]
-    assert _wait_for(lambda: not _training_processes(run_name), 30), _training_processes(run_name)
+    assert _wait_for(lambda: not training_processes(run_name), 30), training_processes(run_name)
     # the flow run's final state, as recorded in the (stopped) server's database
     with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:
         states = db.execute("select f.name, r.state_type from flow_run r join flow f on f.id = r.flow_id "

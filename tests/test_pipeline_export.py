@@ -13,17 +13,6 @@ transformers = pytest.importorskip("transformers")
 TINY_GPT2 = "n_layer=2,n_head=2,n_embd=32,block_size=64,vocab_size=50257"
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    root = tmp_path_factory.mktemp("export")
-    with prefect_test_harness(server_startup_timeout=180), \
-            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
-        yield root
-
-
 def _export_flow():
     from prefect import flow
 

@@ -19,17 +19,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    root = tmp_path_factory.mktemp("runs")
-    with prefect_test_harness(server_startup_timeout=180), \
-            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
-        yield root
-
-
-@pytest.fixture(scope="module")
 def smoke(prefect_server):
     from flows.config import check_settings
     from flows.pipeline import gpt2_pretrain

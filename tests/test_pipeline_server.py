@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.processes import training_processes
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,20 +151,6 @@ def task_states(server: Server, flow_run_id: str) -> dict[str, str]:
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request) as response:
         return {run["name"].split("-")[0]: run["state"]["name"] for run in json.load(response)}
-
-
-def training_processes(run_name: str) -> list[tuple[int, str]]:
-    """(pid, command line) of every live torchrun or gpt2.train process of `run_name`'s run directory."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and f"/runs/{run_name}/" in cmdline and ("gpt2.train" in cmdline or "torch.distributed.run" in cmdline):
-            found.append((int(pid), cmdline))
-    return found
 
 
 def start_long_training(server: Server, run_name: str, *args: str) -> str:
