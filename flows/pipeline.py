@@ -1,7 +1,7 @@
 """The flows: `gpt2-pretrain` (every stage), one flow per stage, and `gpt2-evaluate` (scheduled scans).
 
     download -> tokenize ─┐
-    hellaswag ────────────┼-> train -> evaluate, sample
+    hellaswag ────────────┼-> train -> evaluate, sample, export (Hugging Face directory)
     init ─────────────────┘
 
 Stages that do not depend on each other run at the same time (task futures). A stage flow runs its stage
@@ -25,6 +25,7 @@ from flows.config import PipelineSettings, check_settings, merge_with_deployment
 from gpt2.run_dir import RunDir
 from tasks.cache import StageRecord
 from tasks.download import download_documents
+from tasks.export import export_hf
 from tasks.evaluate import EvalSettings, evaluate_checkpoint, evaluate_run
 from tasks.hellaswag import prepare_hellaswag
 from tasks.init import init_model
@@ -34,10 +35,11 @@ from tasks.sample import sample
 from tasks.tokenize import tokenize
 from tasks.train import TrainRecord, train
 
-STAGES = ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")
+STAGES = ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample", "export")
 INPUTS = {  # the stages each stage takes the output of: the DAG above
     "download": (), "tokenize": ("download",), "hellaswag": (), "init": (),
     "train": ("tokenize", "hellaswag", "init"), "evaluate": ("train", "tokenize", "hellaswag"), "sample": ("train",),
+    "export": ("train",),
 }
 Future = PrefectFuture | None  # None: a stage that is switched off (no HellaSwag source)
 
@@ -106,6 +108,9 @@ class Stages:
                                                    s.num_samples, s.training_value("sample_tokens"), s.seed,
                                                    s.eval.device)
 
+    def export(self, run: PrefectFuture) -> PrefectFuture:
+        return self._task("export", export_hf).submit(run.result().checkpoint)
+
 
 def _results(futures: dict[str, Future]) -> dict[str, StageRecord | None]:
     return {name: None if future is None else future.result() for name, future in futures.items()}
@@ -125,8 +130,9 @@ def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
         run = stages.train(shards, hellaswag, init)
         evaluation = stages.evaluate(run, shards, hellaswag)
         samples = stages.sample(run)
+        hf_export = stages.export(run)
         records = _results(dict(download=docs, tokenize=shards, hellaswag=hellaswag, init=init, train=run,
-                                evaluate=evaluation, sample=samples))
+                                evaluate=evaluation, sample=samples, export=hf_export))
     _summary_artifact(s, records["train"], records["evaluate"])
     return records
 
@@ -177,6 +183,7 @@ init_flow = _stage_flow("init")
 train_flow = _stage_flow("train")
 evaluate_final_flow = _stage_flow("evaluate", name="gpt2-evaluate-final")  # gpt2-evaluate: the scheduled scan
 sample_flow = _stage_flow("sample")
+export_flow = _stage_flow("export")
 
 
 # ---------------------------------------------------------------------------------------------------------

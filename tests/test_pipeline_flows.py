@@ -122,7 +122,8 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
 
     config, records = smoke.config, smoke.records
     assert states(smoke.flow_run_id) == {name: "Completed" for name in
-                                         ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample")}
+                                         ("download", "tokenize", "hellaswag", "init", "train", "evaluate", "sample",
+                                          "export")}
 
     # shards: the corpus, EOT-prefixed and tokenized independently here, cut at shard_size
     enc = get_gpt2_encoding()
@@ -159,6 +160,12 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
     assert evaluation.hellaswag["n"] == 8
     assert tensorboard_scalars(Path(run.run_dir), "eval/val_loss") == [(run.steps, pytest.approx(evaluation.val_loss))]
     assert len(records["sample"].samples) == config.num_samples
+    # the final checkpoint as a Hugging Face directory that transformers loads, with our weights
+    from transformers import GPT2LMHeadModel
+
+    hf_model = GPT2LMHeadModel.from_pretrained(records["export"].path)
+    assert records["export"].step == run.steps
+    assert torch.equal(hf_model.transformer.wte.weight, model.transformer.wte.weight[:hf_model.config.vocab_size])
 
     # the summary artifact sets the run beside the reference points
     from prefect.client.orchestration import get_client
@@ -198,7 +205,7 @@ def test_deleted_shard_reruns_tokenize_and_only_what_depends_on_it(smoke):
         "download": "Cached", "hellaswag": "Cached", "init": "Cached",  # independent of the shards
         "tokenize": "Completed",  # its cached record named a file that is gone
         # the rebuilt shards hold the same tokens, so what depends on their content is still valid
-        "train": "Cached", "evaluate": "Cached", "sample": "Cached",
+        "train": "Cached", "evaluate": "Cached", "sample": "Cached", "export": "Cached",
     }
     assert sha256(shard) == digest
 
@@ -220,7 +227,7 @@ def test_changed_training_parameter_reruns_training_and_what_follows_only(smoke)
     flow_run_id, records, _ = run_flow(gpt2_pretrain, **{**smoke.params, "run_name": "smoke-lr", "lr": 3e-4})
     assert states(flow_run_id) == {
         "download": "Cached", "tokenize": "Cached", "hellaswag": "Cached", "init": "Cached",
-        "train": "Completed", "evaluate": "Completed", "sample": "Completed",
+        "train": "Completed", "evaluate": "Completed", "sample": "Completed", "export": "Completed",
     }
     assert json.loads((Path(records["train"].run_dir) / "config.json").read_text())["lr"] == 3e-4
     assert records["train"].checkpoint.content_digest() != smoke.records["train"].checkpoint.content_digest()
