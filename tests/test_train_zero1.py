@@ -14,6 +14,19 @@ from gpt2.checkpoint import list_checkpoints, load_checkpoint
 from tests.fixtures.train.tiny import final_params, read_metrics, tiny_config
 
 MAX_STEPS = 4
+# A gloo rank of a ZeRO-1 process sometimes aborts while the process exits, after its work is done and its
+# files are written ("terminate called without an active exception", SIGABRT; seen about once in ten runs on
+# the 2-core CI box, never mid-training). Not yet understood; until it is, such a run is repeated once, and
+# every assertion still applies to what the repeat produced.
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def _run_ranks(cmd: list[str], env: dict[str, str]) -> None:
+    for _ in range(2):
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if result.returncode == 0 or EXIT_ABORT not in result.stdout + result.stderr:
+            break
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def _torchrun(tmp_path: Path, name: str, **overrides) -> Path:
@@ -25,9 +38,7 @@ def _torchrun(tmp_path: Path, name: str, **overrides) -> Path:
         config_file.write_text(json.dumps(config.to_dict()))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "gpt2.train", "--config", str(config_file)]
-    result = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_ranks(cmd, {**os.environ, "OMP_NUM_THREADS": "1"})
     return Path(json.loads(config_file.read_text())["out_dir"])
 
 
@@ -92,8 +103,7 @@ def test_zero1_shards_the_adamw_state(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+    _run_ranks(cmd, env)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     params = ranks[0]["params"]
     assert sum(r["held"] for r in ranks) == 2 * params  # exp_avg and exp_avg_sq of every parameter once
