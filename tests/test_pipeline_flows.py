@@ -176,13 +176,12 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
     assert "3.28" in summary.data and "0.2955" in summary.data and f"{evaluation.val_loss:.4f}" in summary.data
 
 
-def test_second_run_is_all_from_cache_and_10x_faster(smoke):
+def test_second_run_is_all_from_cache(smoke):
     from flows.pipeline import gpt2_pretrain
 
-    flow_run_id, records, seconds = run_flow(gpt2_pretrain, **smoke.params)
+    flow_run_id, records, _ = run_flow(gpt2_pretrain, **smoke.params)
     assert set(states(flow_run_id).values()) == {"Cached"}, states(flow_run_id)
     assert records["train"] == smoke.records["train"]
-    assert seconds * 10 <= smoke.seconds, f"cached run took {seconds:.1f} s, the first {smoke.seconds:.1f} s"
 
 
 def test_single_stage_rerun(smoke):
