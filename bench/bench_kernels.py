@@ -144,7 +144,7 @@ def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTi
     @torch.compile
     def plain(x, y, w, b):
         r = (x + (y + y_bias)).to(torch.bfloat16)
-        return r, F.layer_norm(r, (C,), w, b).to(torch.bfloat16)
+        return r, F.layer_norm(r.float(), (C,), w, b).to(torch.bfloat16)
 
     def eager(x, y, w, b):
         return add_layernorm(x, y, w, b, out_dtype=torch.bfloat16, y_bias=y_bias)
