@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
-from kernels import add_layernorm, linear_cross_entropy
+from kernels import add_layernorm, causal_attention, fused_mlp, linear_cross_entropy
+from kernels.mlp import gelu_epilogue_enabled
 from kernels.compile import register_inductor_fallbacks
 
 
@@ -25,8 +26,11 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)  # projection back into the residual stream
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """fused: kernels.causal_attention on the packed projection (the fused path), else plain SDPA."""
         B, T, C = x.size()
+        if fused:
+            return self.c_proj(causal_attention(self.c_attn(x), self.n_head))  # (B, T, 3C) -> (B, T, C)
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -42,7 +46,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)  # back into the residual stream
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, act_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """act_dtype: the fused path's kernels.fused_mlp (GELU inside the matmuls) in that dtype, else plain."""
+        if act_dtype is not None:
+            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias, act_dtype)
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
 
 
@@ -155,11 +162,12 @@ class GPT(nn.Module):
         # each LayerNorm after the first: ln_2 of every block, then the next block's ln_1, then ln_f
         next_ln = [blocks[i + 1].ln_1 for i in range(len(blocks) - 1)] + [self.transformer.ln_f]
         first = blocks[0].ln_1
+        mlp_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None  # None: the plain MLP, compiled
         residual, h = add_layernorm(x, None, first.weight, first.bias, first.eps, act_dtype)
         for block, ln in zip(blocks, next_ln):
-            residual, h = add_layernorm(residual, block.attn(h), block.ln_2.weight, block.ln_2.bias,
+            residual, h = add_layernorm(residual, block.attn(h, fused=True), block.ln_2.weight, block.ln_2.bias,
                                         block.ln_2.eps, act_dtype)
-            residual, h = add_layernorm(residual, block.mlp(h), ln.weight, ln.bias, ln.eps, act_dtype)
+            residual, h = add_layernorm(residual, block.mlp(h, mlp_dtype), ln.weight, ln.bias, ln.eps, act_dtype)
         return h
 
     def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:
