@@ -124,66 +124,62 @@ def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[Ker
 
 
 def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
-    """residual (fp32) + branch (bf16) -> (residual, LayerNorm in bf16), forward and backward, both
-    under torch.compile as in training (eager, the custom op's Python dispatch shows in the timing);
-    then the backward kernel alone in each launch shape its autotuner chooses from."""
+    """The training layout: residual (bf16) + (branch (bf16) + c_proj bias (fp32)) -> (residual,
+    LayerNorm in bf16), forward and backward, both under torch.compile as in training (eager, the
+    custom op's Python dispatch shows in the timing); then the backward kernel alone in each launch
+    shape its autotuner chooses from."""
     from kernels.compile import register_inductor_fallbacks
 
     register_inductor_fallbacks()
     C = cfg.n_embd
     g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(N, C, device="cuda", generator=g).requires_grad_()
+    x = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     y = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    y_bias = torch.zeros(C, device="cuda", requires_grad=True)
     w = torch.ones(C, device="cuda", requires_grad=True)
     b = torch.zeros(C, device="cuda", requires_grad=True)
-    d_res = torch.randn(N, C, device="cuda", generator=g)
+    d_res = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
     d_out = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
 
     @torch.compile
     def plain(x, y, w, b):
-        r = x + y
+        r = (x + (y + y_bias)).to(torch.bfloat16)
         return r, F.layer_norm(r, (C,), w, b).to(torch.bfloat16)
 
-    fused = torch.compile(lambda x, y, w, b: add_layernorm(x, y, w, b, out_dtype=torch.bfloat16))
+    def eager(x, y, w, b):
+        return add_layernorm(x, y, w, b, out_dtype=torch.bfloat16, y_bias=y_bias)
 
     def fwd_bwd(fn):
         def run():
-            x.grad = y.grad = w.grad = b.grad = None
+            x.grad = y.grad = w.grad = b.grad = y_bias.grad = None
             torch.autograd.backward(fn(x, y, w, b), (d_res, d_out))
         return run
 
-    # forward: read x 4 + y 2, write residual 4 + out 2 + bf16 residual copy 2; backward: read that
-    # copy 2 + d_out 2 + d_res 4, write dx 4 + dy 2 bytes per element
-    floor = _floor_ms(0, 28 * N * C, ceil)
+    # bytes per element: forward reads x 2 + y 2, writes residual 2 + out 2; backward reads residual 2
+    # + d_out 2 + d_res 2, writes d(residual) 2 (one tensor for x and y)
+    floor = _floor_ms(0, 16 * N * C, ceil)
     rows = [KernelTiming("add+layernorm fwd+bwd", "torch.compile", *timed(fwd_bwd(plain)), floor),
-            KernelTiming("add+layernorm fwd+bwd", "fused (compiled graph)", *timed(fwd_bwd(fused)), floor),
-            KernelTiming("add+layernorm fwd+bwd", "fused (eager)", *timed(fwd_bwd(
-                lambda x, y, w, b: add_layernorm(x, y, w, b, out_dtype=torch.bfloat16))), floor)]
+            KernelTiming("add+layernorm fwd+bwd", "fused (compiled graph)", *timed(fwd_bwd(torch.compile(eager))),
+                         floor),
+            KernelTiming("add+layernorm fwd+bwd", "fused (eager)", *timed(fwd_bwd(eager)), floor)]
     return rows + bench_layernorm_backward_configs(N, C, ceil)
 
 
 def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[KernelTiming]:
-    """The backward kernel alone (with its dW/dB partial sums, without their final reduction) per
-    launch shape in kernels.layernorm._BWD_CONFIGS."""
-    from kernels._triton import next_power_of_2
-    from kernels.layernorm import _BWD_CONFIGS, _add_layernorm_bwd_kernel, _bwd_grid
+    """The backward op's launcher alone in the training layout (the kernel with its weight, bias and
+    c_proj-bias partial sums, and their final reduction) per launch shape in kernels.layernorm._BWD_CONFIGS."""
+    from kernels.layernorm import _BWD_CONFIGS, add_layernorm_backward
 
     g = torch.Generator(device="cuda").manual_seed(3)
-    z = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
-    dout = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
-    dres = torch.randn(N, C, device="cuda", generator=g)
+    z, dout, dres = (torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
     w = torch.ones(C, device="cuda")
     mean, rstd = torch.zeros(N, device="cuda"), torch.ones(N, device="cuda")
-    dx, dy = torch.empty_like(dres), torch.empty_like(dout)
-    n_programs, rows_per_program = _bwd_grid(N, z.device)
-    partial = torch.empty(2, n_programs, C, device="cuda")
-    floor = _floor_ms(0, 14 * N * C, ceil)  # read z 2 + dout 2 + dres 4, write dx 4 + dy 2
+    floor = _floor_ms(0, 8 * N * C, ceil)  # read z 2 + dout 2 + dres 2, write d(residual) 2
     rows = []
     for config in _BWD_CONFIGS:
         def run(config=config):
-            _add_layernorm_bwd_kernel[(n_programs,)](
-                z, w, mean, rstd, dout, dres, dx, dy, partial, N, C=C, ROWS_PER_PROGRAM=rows_per_program,
-                HAS_DRES=True, HAS_Y=True, BLOCK_C=next_power_of_2(C), **config)
+            add_layernorm_backward(z, w, mean, rstd, dout, dres, torch.bfloat16, torch.bfloat16, has_y_bias=True,
+                                   config=config)
         impl = f"{config['BLOCK_R']} rows/iteration, {config['num_warps']} warps"
         rows.append(KernelTiming("add+layernorm bwd kernel", impl, *timed(run), floor))
     return rows

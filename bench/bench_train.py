@@ -77,9 +77,9 @@ VARIANTS = {
 }
 
 
-def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None):
+def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None, y_bias=None):
     """kernels.add_layernorm's signature over its plain formula, which torch.compile then fuses itself."""
-    residual, out = add_layernorm_reference(x, y, weight, bias, eps)
+    residual, out = add_layernorm_reference(x, y, weight, bias, eps, y_bias)
     return residual, out.to(out_dtype or x.dtype)
 
 

@@ -26,18 +26,23 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)  # projection back into the residual stream
 
-    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """fused: kernels.causal_attention on the packed projection (the fused path), else plain SDPA."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self._attend(x))
+
+    def fused_branch(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused path's branch: kernels.causal_attention on the packed projection, then c_proj
+        without its bias, which add_layernorm adds instead."""
+        return F.linear(causal_attention(self.c_attn(x), self.n_head), self.c_proj.weight)  # (B, T, C)
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> the heads' outputs side by side (B, T, C), what c_proj projects."""
         B, T, C = x.size()
-        if fused:
-            return self.c_proj(causal_attention(self.c_attn(x), self.n_head))  # (B, T, 3C) -> (B, T, C)
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
-        return self.c_proj(y)
+        return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
 
 
 class MLP(nn.Module):
@@ -46,11 +51,15 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)  # back into the residual stream
 
-    def forward(self, x: torch.Tensor, act_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """act_dtype: the fused path's kernels.fused_mlp (GELU inside the matmuls) in that dtype, else plain."""
-        if act_dtype is not None:
-            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias, act_dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
+
+    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None) -> torch.Tensor:
+        """The fused path's branch, without c_proj's bias (add_layernorm adds it): with a dtype,
+        kernels.fused_mlp (the GELU inside quack's matmuls) computing in it; else the plain ops, compiled."""
+        if gelu_epilogue_dtype is not None:
+            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None, gelu_epilogue_dtype)
+        return F.linear(F.gelu(self.c_fc(x), approximate="tanh"), self.c_proj.weight)
 
 
 class Block(nn.Module):
@@ -153,8 +162,10 @@ class GPT(nn.Module):
     def _fused_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """The blocks and ln_f through kernels/: each residual add is fused with the LayerNorm after it.
 
-        Same function as the plain loop; x (B, T, C) is the fp32 residual stream, the returned ln_f
-        output is in the autocast dtype (custom ops do not see autocast, so it is passed explicitly).
+        Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
+        activation dtype (bf16 under autocast; custom ops do not see autocast, so it is passed
+        explicitly), and each branch's c_proj bias is added inside add_layernorm, whose backward
+        then gives its gradient. x (B, T, C) is the embedding sum; returns ln_f's output.
         """
         device = x.device.type
         act_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
@@ -162,12 +173,14 @@ class GPT(nn.Module):
         # each LayerNorm after the first: ln_2 of every block, then the next block's ln_1, then ln_f
         next_ln = [blocks[i + 1].ln_1 for i in range(len(blocks) - 1)] + [self.transformer.ln_f]
         first = blocks[0].ln_1
-        mlp_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None  # None: the plain MLP, compiled
-        residual, h = add_layernorm(x, None, first.weight, first.bias, first.eps, act_dtype)
+        gelu_epilogue_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None
+        residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
         for block, ln in zip(blocks, next_ln):
-            residual, h = add_layernorm(residual, block.attn(h, fused=True), block.ln_2.weight, block.ln_2.bias,
-                                        block.ln_2.eps, act_dtype)
-            residual, h = add_layernorm(residual, block.mlp(h, mlp_dtype), ln.weight, ln.bias, ln.eps, act_dtype)
+            attn, mlp, ln_2 = block.attn, block.mlp, block.ln_2
+            residual, h = add_layernorm(residual, attn.fused_branch(h), ln_2.weight, ln_2.bias,
+                                        ln_2.eps, act_dtype, y_bias=attn.c_proj.bias)
+            residual, h = add_layernorm(residual, mlp.fused_branch(h, gelu_epilogue_dtype), ln.weight, ln.bias,
+                                        ln.eps, act_dtype, y_bias=mlp.c_proj.bias)
         return h
 
     def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:

@@ -1,17 +1,24 @@
 """Fused residual add + LayerNorm, forward and backward (llm.c's fused_residual_forward + layernorm).
 
-    residual = x + y                     (fp32 residual stream; y is the branch output, often bf16)
+    residual = x + (y + y_bias)          (in x's dtype: the residual stream; y is the branch output)
     out      = (residual - mean) * rstd * weight + bias   (in the activation dtype, e.g. bf16)
 
-One pass over the row in forward. It writes the fp32 residual (the next block's input, so the
-forward numerics are those of an fp32 residual stream) and, for backward, a copy of it rounded to the
-output dtype plus per-row mean/rstd: backward recomputes xhat from that bf16 copy, as llm.c does from
-its bf16 residual, so the fp32 residual is freed as soon as the next add has read it (d12 at B=64:
-2.5 GB less than saving it, and 2 bytes less read per element in backward). Backward reads that copy
-and the incoming gradients of `out` and of `residual`, and writes d(residual) once in each input's
-dtype; weight/bias gradients are summed per program in fp32 and reduced once at the end; its launch
-shape (rows per iteration, warps) is autotuned on the first call. `y=None` is a plain LayerNorm (the
-first block's ln_1).
+`y_bias` is the bias of the matmul that produced y (the c_proj of a block's branch), folded in here so
+that its gradient comes out of this op's backward instead of a separate column-sum pass.
+
+One pass over the row in forward, which writes the residual and the normalised row. Backward
+recomputes xhat from the residual in out's dtype, as llm.c does from its bf16 residual stream:
+- x in out's dtype (the fused model's layout: a bf16 residual stream under bf16 autocast, as llm.c
+  keeps it): the residual output itself is saved, nothing else is written. 8 bytes per element in
+  bf16: read x, y, write residual, out.
+- x in another dtype (an fp32 stream with bf16 outputs): forward also writes the residual rounded
+  to out's dtype for backward, so the fp32 residual is freed once the next add has read it.
+Backward reads the saved residual and the incoming gradients of `out` and of `residual` and writes
+d(residual) once: x and y get the same gradient tensor when their dtypes agree (8 bytes per element
+in bf16: read residual, dout, dres, write the gradient), else a second copy in y's dtype. The
+gradients of weight, bias and y_bias are summed per program in fp32 and reduced once at the end;
+the launch shape (rows per iteration, warps) is autotuned on the first call. `y=None` is a plain
+LayerNorm (the first block's ln_1).
 
 `add_layernorm` is the entry point; `add_layernorm_reference` is the plain formula.
 """
@@ -26,12 +33,14 @@ from kernels._triton import autotune, jit, next_power_of_2, num_sms, tl, use_tri
 
 @jit
 def _add_layernorm_fwd_kernel(
-    x_ptr, y_ptr, w_ptr, b_ptr,  # x, y (N, C); w, b (C,)
-    res_ptr, out_ptr, saved_ptr,  # residual, out, and the residual in out's dtype, for backward (N, C)
+    x_ptr, y_ptr, y_bias_ptr, w_ptr, b_ptr,  # x, y (N, C); y_bias, w, b (C,)
+    res_ptr, out_ptr, copy_ptr,  # residual, out, and (WRITE_COPY) the residual in out's dtype (N, C)
     mean_ptr, rstd_ptr,  # (N,) fp32
     eps,
     C: tl.constexpr,
     HAS_Y: tl.constexpr,
+    HAS_Y_BIAS: tl.constexpr,
+    WRITE_COPY: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -40,9 +49,16 @@ def _add_layernorm_fwd_kernel(
     offs = row * C + cols
     z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_Y:
-        z += tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(res_ptr + offs, z.to(res_ptr.dtype.element_ty), mask=mask)
-    tl.store(saved_ptr + offs, z.to(saved_ptr.dtype.element_ty), mask=mask)
+        branch = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_Y_BIAS:
+            branch += tl.load(y_bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        z += branch
+    # normalise the residual as stored (rounded to a bf16 stream's dtype): backward recomputes from it
+    z = z.to(res_ptr.dtype.element_ty)
+    tl.store(res_ptr + offs, z, mask=mask)
+    z = z.to(tl.float32)
+    if WRITE_COPY:
+        tl.store(copy_ptr + offs, z.to(copy_ptr.dtype.element_ty), mask=mask)
     mean = tl.sum(z, axis=0) / C
     d = tl.where(mask, z - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
@@ -57,13 +73,14 @@ def _add_layernorm_fwd_kernel(
 def _add_layernorm_bwd_kernel(
     z_ptr, w_ptr, mean_ptr, rstd_ptr,  # saved by forward: the residual (N, C) in any dtype, w (C,), (N,)
     dout_ptr, dres_ptr,  # incoming gradients of out and of residual (N, C)
-    dx_ptr, dy_ptr,  # gradients of x and y (N, C), each in its input's dtype
-    partial_ptr,  # (2, n_programs, C) fp32: per-program sums of the weight and bias gradients
+    dx_ptr, dy_ptr,  # d(residual) (N, C) in x's dtype, and (WRITE_DY) again in y's
+    partial_ptr,  # (2 + HAS_Y_BIAS, n_programs, C) fp32: per-program sums of the weight, bias, y_bias gradients
     n_rows,
     C: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     HAS_DRES: tl.constexpr,
-    HAS_Y: tl.constexpr,
+    WRITE_DY: tl.constexpr,
+    HAS_Y_BIAS: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rows per iteration: more bytes in flight per program
     BLOCK_C: tl.constexpr,
 ):
@@ -74,6 +91,7 @@ def _add_layernorm_bwd_kernel(
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_C)
     dw = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     db = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    dyb = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     for i in range(0, ROWS_PER_PROGRAM, BLOCK_R):
         rows = pid.to(tl.int64) * ROWS_PER_PROGRAM + i + r  # (BLOCK_R,)
         row_mask = (i + r < ROWS_PER_PROGRAM) & (rows < n_rows)  # this program's rows only
@@ -92,16 +110,20 @@ def _add_layernorm_bwd_kernel(
         if HAS_DRES:
             dz += tl.load(dres_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
-        if HAS_Y:
+        if WRITE_DY:
             tl.store(dy_ptr + offs, dz.to(dy_ptr.dtype.element_ty), mask=mask)
         dw += dout * xhat
         db += dout
+        if HAS_Y_BIAS:
+            dyb += dz  # y_bias is added to every row: its gradient is d(residual)'s column sum
     n_programs = tl.num_programs(0)
     tl.store(partial_ptr + pid * C + cols, tl.sum(dw, axis=0), mask=col_mask)
     tl.store(partial_ptr + (n_programs + pid) * C + cols, tl.sum(db, axis=0), mask=col_mask)
+    if HAS_Y_BIAS:
+        tl.store(partial_ptr + (2 * n_programs + pid) * C + cols, tl.sum(dyb, axis=0), mask=col_mask)
 
 
-# Backward launch shapes tried on the first call per (C, HAS_DRES, HAS_Y); the first is one row per
+# Backward launch shapes tried on the first call per (C, flags); the first is one row per
 # iteration (the plain scheme). At d12's training shapes on an H200, 2 rows x 4 warps won: 0.22 ms
 # against 0.28, 0.31 and 0.46 (docs/benchmarks.md). Triton's interpreter cannot benchmark: there the
 # last (widest) runs, which exercises the row masking.
@@ -111,8 +133,9 @@ _BWD_CONFIGS = [
     dict(BLOCK_R=2, num_warps=8),
     dict(BLOCK_R=4, num_warps=8),
 ]
-_add_layernorm_bwd_tuned = autotune(_add_layernorm_bwd_kernel, _BWD_CONFIGS, key=["C", "HAS_DRES", "HAS_Y"])
-_BWD_PROGRAMS_PER_SM = 8  # persistent grid: few enough programs that their dw/db partial sums stay small
+_add_layernorm_bwd_tuned = autotune(
+    _add_layernorm_bwd_kernel, _BWD_CONFIGS, key=["C", "HAS_DRES", "WRITE_DY", "HAS_Y_BIAS"])
+_BWD_PROGRAMS_PER_SM = 8  # persistent grid: few enough programs that their partial sums stay small
 
 
 def _bwd_grid(n_rows: int, device: torch.device) -> tuple[int, int]:
@@ -123,45 +146,64 @@ def _bwd_grid(n_rows: int, device: torch.device) -> tuple[int, int]:
     return -(-n_rows // rows_per_program), rows_per_program
 
 
+def _writes_copy(x_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+    """Whether forward writes the residual again in out's dtype for backward: only when the residual
+    stream has another dtype; otherwise backward reads the residual output itself."""
+    return x_dtype != out_dtype
+
+
+def _writes_dy(x_dtype: torch.dtype, y_dtype: torch.dtype | None) -> bool:
+    """Whether backward writes y's gradient as a tensor of its own: only when y's dtype differs from
+    x's; otherwise x and y get the one d(residual) tensor."""
+    return y_dtype is not None and y_dtype != x_dtype
+
+
 @torch.library.custom_op("gpt2_kernels::add_layernorm_fwd", mutates_args=())
 def _add_layernorm_fwd(
     x: torch.Tensor,  # (N, C)
     y: torch.Tensor | None,  # (N, C) or None
+    y_bias: torch.Tensor | None,  # (C,) or None (only with y)
     weight: torch.Tensor,  # (C,)
     bias: torch.Tensor,  # (C,)
     eps: float,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (residual (N, C) in x's dtype, out (N, C) out_dtype, saved, mean (N,) fp32, rstd (N,) fp32).
+    """-> (residual (N, C) in x's dtype, out (N, C) out_dtype, copy, mean (N,) fp32, rstd (N,) fp32).
 
-    `saved` is the residual rounded to out_dtype, what backward reads (llm.c keeps its whole residual
-    stream in bf16); with out_dtype fp32 it is an fp32 copy (a custom op's outputs may not alias).
+    `copy` is the residual rounded to out_dtype when x's dtype differs (what backward then reads),
+    else empty: backward reads the residual itself (a custom op's outputs may not alias, so the
+    residual cannot be returned twice).
     """
     N, C = x.shape
     x, y = x.contiguous(), y.contiguous() if y is not None else None  # the kernels index rows as row * C
+    write_copy = _writes_copy(x.dtype, out_dtype)
     if not use_triton(x):  # the reference's own op (torch.native_layer_norm is what F.layer_norm runs)
-        residual = (x + y).to(x.dtype) if y is not None else x.clone()
+        branch = (y.float() + y_bias.float() if y_bias is not None else y.float()) if y is not None else 0
+        residual = (x.float() + branch).to(x.dtype)  # a new tensor even without y: outputs may not alias inputs
         out, mean, rstd = torch.native_layer_norm(residual.float(), (C,), weight.float(), bias.float(), eps)
-        saved = residual.to(out_dtype, copy=True)
-        return residual, out.to(out_dtype), saved, mean.view(N), rstd.view(N)
+        copy = residual.to(out_dtype) if write_copy else x.new_empty(0)
+        return residual, out.to(out_dtype), copy, mean.view(N), rstd.view(N)
     residual = torch.empty_like(x)
     out = torch.empty(N, C, dtype=out_dtype, device=x.device)
-    saved = torch.empty_like(out)
+    copy = torch.empty_like(out) if write_copy else x.new_empty(0)
     mean = torch.empty(N, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     _add_layernorm_fwd_kernel[(N,)](
-        x, y if y is not None else x, weight, bias, residual, out, saved, mean, rstd, eps,
-        C=C, HAS_Y=y is not None, BLOCK_C=next_power_of_2(C), num_warps=4,
+        x, y if y is not None else x, y_bias if y_bias is not None else weight, weight, bias,
+        residual, out, copy if write_copy else out, mean, rstd, eps,
+        C=C, HAS_Y=y is not None, HAS_Y_BIAS=y_bias is not None, WRITE_COPY=write_copy,
+        BLOCK_C=next_power_of_2(C), num_warps=4,
     )
-    return residual, out, saved, mean, rstd
+    return residual, out, copy, mean, rstd
 
 
 @_add_layernorm_fwd.register_fake
-def _(x, y, weight, bias, eps, out_dtype):
+def _(x, y, y_bias, weight, bias, eps, out_dtype):
     N, C = x.shape
     out = x.new_empty(N, C, dtype=out_dtype)
+    copy = torch.empty_like(out) if _writes_copy(x.dtype, out_dtype) else x.new_empty(0)
     mean = x.new_empty(N, dtype=torch.float32)
-    return torch.empty_like(x), out, torch.empty_like(out), mean, torch.empty_like(mean)
+    return torch.empty_like(x), out, copy, mean, torch.empty_like(mean)
 
 
 @torch.library.custom_op("gpt2_kernels::add_layernorm_bwd", mutates_args=())
@@ -173,10 +215,12 @@ def _add_layernorm_bwd(
     dout: torch.Tensor,
     dres: torch.Tensor | None,
     x_dtype: torch.dtype,
-    y_dtype: torch.dtype | None = None,  # None: forward had no y
+    y_dtype: torch.dtype | None,  # None: forward had no y
+    has_y_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dx in x_dtype, dy in y_dtype (empty without y), (dweight, dbias) stacked (2, C) in weight's dtype)."""
-    return add_layernorm_backward(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype)
+    """-> (dx in x_dtype, dy in y_dtype or empty (see `_writes_dy`), the gradients of weight, bias
+    and (has_y_bias) y_bias stacked (2 or 3, C) in weight's dtype)."""
+    return add_layernorm_backward(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias)
 
 
 def add_layernorm_backward(
@@ -188,57 +232,66 @@ def add_layernorm_backward(
     dres: torch.Tensor | None,
     x_dtype: torch.dtype,
     y_dtype: torch.dtype | None,
+    has_y_bias: bool = False,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward op's launcher; `config` (one of _BWD_CONFIGS) fixes the launch shape, otherwise
     it is autotuned on CUDA, and on Triton's interpreter (which cannot benchmark) the widest runs."""
     N, C = z.shape
     dout, dres = dout.contiguous(), dres.contiguous() if dres is not None else None
+    write_dy = _writes_dy(x_dtype, y_dtype)
     if not use_triton(z):  # the reference's own backward op, the one autograd runs for F.layer_norm
         dz, dw, db = torch.ops.aten.native_layer_norm_backward(
             dout.float(), z.float(), (C,), mean.view(N, 1), rstd.view(N, 1), weight.float(), torch.zeros_like(weight, dtype=torch.float32),
             [True, True, True])
         if dres is not None:
             dz = dz + dres.float()
-        # copies: a custom op's outputs may not alias each other even when the dtypes agree
-        dy = dz.to(y_dtype, copy=True) if y_dtype is not None else z.new_empty(0)
-        return dz.to(x_dtype, copy=True), dy, torch.stack([dw, db]).to(weight.dtype)
+        dparams = [dw, db] + ([dz.sum(0)] if has_y_bias else [])
+        # copies: a custom op's outputs may not alias each other (or its inputs) even when dtypes agree
+        dy = dz.to(y_dtype, copy=True) if write_dy else z.new_empty(0)
+        return dz.to(x_dtype, copy=True), dy, torch.stack(dparams).to(weight.dtype)
     n_programs, rows_per_program = _bwd_grid(N, z.device)
     dx = torch.empty(N, C, dtype=x_dtype, device=z.device)
-    dy = torch.empty(N, C, dtype=y_dtype, device=z.device) if y_dtype is not None else dx.new_empty(0)
-    partial = torch.empty(2, n_programs, C, dtype=torch.float32, device=z.device)  # dweight, dbias
-    args = (z, weight, mean, rstd, dout, dres if dres is not None else dout, dx, dy if y_dtype is not None else dx,
-            partial, N)
-    meta = dict(C=C, ROWS_PER_PROGRAM=rows_per_program, HAS_DRES=dres is not None, HAS_Y=y_dtype is not None,
-                BLOCK_C=next_power_of_2(C))
+    dy = torch.empty(N, C, dtype=y_dtype, device=z.device) if write_dy else dx.new_empty(0)
+    partial = torch.empty(2 + has_y_bias, n_programs, C, dtype=torch.float32, device=z.device)
+    args = (z, weight, mean, rstd, dout, dres if dres is not None else dout, dx, dy if write_dy else dx, partial, N)
+    meta = dict(C=C, ROWS_PER_PROGRAM=rows_per_program, HAS_DRES=dres is not None, WRITE_DY=write_dy,
+                HAS_Y_BIAS=has_y_bias, BLOCK_C=next_power_of_2(C))
     if config is None and z.is_cuda:
         _add_layernorm_bwd_tuned[(n_programs,)](*args, **meta)
     else:
         _add_layernorm_bwd_kernel[(n_programs,)](*args, **meta, **(config or _BWD_CONFIGS[-1]))
-    return dx, dy, partial.sum(1).to(weight.dtype)  # one reduction for both
+    return dx, dy, partial.sum(1).to(weight.dtype)  # one reduction for all
 
 
 @_add_layernorm_bwd.register_fake
-def _(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype=None):
+def _(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias):
     N, C = z.shape
-    dy = z.new_empty(N, C, dtype=y_dtype) if y_dtype is not None else z.new_empty(0)
-    return z.new_empty(N, C, dtype=x_dtype), dy, weight.new_empty(2, C)
+    dy = z.new_empty(N, C, dtype=y_dtype) if _writes_dy(x_dtype, y_dtype) else z.new_empty(0)
+    return z.new_empty(N, C, dtype=x_dtype), dy, weight.new_empty(2 + has_y_bias, C)
 
 
 def _setup_context(ctx, inputs, output):
-    x, y, weight, _, _, _ = inputs
-    _, _, saved, mean, rstd = output
-    # the bf16 copy, not the fp32 residual: the residual is then freed once the next add has read it
-    ctx.save_for_backward(saved, weight, mean, rstd)
+    x, y, y_bias, weight, _, _, out_dtype = inputs
+    residual, _, copy, mean, rstd = output
+    # the residual in out's dtype: with a bf16 copy, the fp32 residual is freed once the next add has read it
+    ctx.save_for_backward(copy if _writes_copy(x.dtype, out_dtype) else residual, weight, mean, rstd)
     ctx.x_dtype = x.dtype
     ctx.y_dtype = y.dtype if y is not None else None
-    ctx.mark_non_differentiable(saved, mean, rstd)
+    ctx.y_bias_dtype = y_bias.dtype if y_bias is not None else None
+    ctx.mark_non_differentiable(copy, mean, rstd)
 
 
-def _backward(ctx, dres, dout, _dsaved, _dmean, _drstd):
+def _backward(ctx, dres, dout, _dcopy, _dmean, _drstd):
     z, weight, mean, rstd = ctx.saved_tensors
-    dx, dy, dwb = _add_layernorm_bwd(z, weight, mean, rstd, dout, dres, ctx.x_dtype, ctx.y_dtype)
-    return dx, (dy if ctx.y_dtype is not None else None), dwb[0], dwb[1], None, None
+    has_y_bias = ctx.y_bias_dtype is not None
+    dx, dy, dparams = _add_layernorm_bwd(z, weight, mean, rstd, dout, dres, ctx.x_dtype, ctx.y_dtype, has_y_bias)
+    if ctx.y_dtype is None:
+        dy = None
+    elif not _writes_dy(ctx.x_dtype, ctx.y_dtype):
+        dy = dx  # d(x + y) is one tensor for both (autograd formulas, unlike ops, may return it twice)
+    dy_bias = dparams[2].to(ctx.y_bias_dtype) if has_y_bias else None
+    return dx, dy, dy_bias, dparams[0], dparams[1], None, None
 
 
 _add_layernorm_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -251,25 +304,38 @@ def add_layernorm(
     bias: torch.Tensor,
     eps: float = 1e-5,
     out_dtype: torch.dtype | None = None,
+    y_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + y, LayerNorm(x + y)) over the last dim; y=None normalises x alone (residual is then a copy).
+    """(x + (y + y_bias), LayerNorm of it) over the last dim; y=None normalises x alone (the residual
+    is then a copy).
 
-    x (..., C) is the residual stream (its dtype is kept for the sum); `out_dtype` (default x's) is the
-    dtype of the normalised output, e.g. bf16 under autocast, which custom ops do not see.
+    x (..., C) is the residual stream, whose dtype the sum keeps (fp32, or bf16 as the fused model
+    runs it); `out_dtype` (default x's) is the dtype of the normalised output, e.g. bf16 under
+    autocast, which custom ops do not see. `y_bias` (C,) is the bias of the matmul that made y, left
+    out of that matmul so that its gradient comes from this op's backward.
     """
     C = x.size(-1)
     if weight.shape != (C,) or bias.shape != (C,):
         raise ValueError(f"weight and bias must be ({C},), got {tuple(weight.shape)} and {tuple(bias.shape)}")
     if y is not None and y.shape != x.shape:
         raise ValueError(f"y shape {tuple(y.shape)} must equal x shape {tuple(x.shape)}")
+    if y_bias is not None and (y is None or y_bias.shape != (C,)):
+        raise ValueError(f"y_bias must be ({C},) and come with y, got {tuple(y_bias.shape)} with y "
+                         f"{'None' if y is None else tuple(y.shape)}")
     y2 = y.reshape(-1, C) if y is not None else None  # (N, C)
-    residual, out, _, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, weight, bias, eps, out_dtype or x.dtype)
+    residual, out, _, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, y_bias, weight, bias, eps, out_dtype or x.dtype)
     return residual.view(x.shape), out.view(x.shape)
 
 
 def add_layernorm_reference(
-    x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5
+    x: torch.Tensor,
+    y: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float = 1e-5,
+    y_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain formula (autograd through torch ops), computed in x's dtype."""
-    residual = x + y if y is not None else x
+    """The plain formula (autograd through torch ops), the residual in x's dtype."""
+    branch = y + y_bias if y is not None and y_bias is not None else y
+    residual = (x + branch).to(x.dtype) if y is not None else x
     return residual, F.layer_norm(residual, (x.size(-1),), weight, bias, eps)
