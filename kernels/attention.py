@@ -125,8 +125,9 @@ def configure_attention(n_head: int, head_size: int, dtype: torch.dtype = torch.
     ref_dqkv = attention_reference_bwd(dy.float(), qkv.float(), ref_y, ref_lse, n_head)
     err = max(float((a.float() - b).norm() / b.norm()) for a, b in ((y, ref_y), (dqkv, ref_dqkv)))
     if err > 5e-2:  # bf16 lands near 3e-3 (see backend_error)
-        raise RuntimeError(f"flash-attn-4's backward disagrees with the reference on head size {head_size}: relative "
-                           f"error {err:.2e}; pip uninstall flash-attn-4 quack-kernels (the gpu extra) to train without them")
+        raise RuntimeError(f"flash-attn-4's backward disagrees with the reference on head size {head_size}: "
+                           f"relative error {err:.2e}; `pip uninstall flash-attn-4 quack-kernels` (the gpu "
+                           "extra) to train without it")
     _fa4_backward_on_cuda = True
     return name + "+fa4-bwd"
 

@@ -64,8 +64,9 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     ref_grads = mlp_reference_bwd(dy.float(), h.float(), ref_pre, w_fc, w_proj, False)
     err = max(float((a.float() - b).norm() / b.norm()) for a, b in zip((y, *grads[:4]), (ref_y, *ref_grads[:4])))
     if err > 5e-2:  # bf16 lands near 3e-3
-        raise RuntimeError(f"quack's GELU-epilogue GEMMs disagree with the reference at width {n_embd}: relative "
-                           f"error {err:.2e}; pip uninstall flash-attn-4 quack-kernels (the gpu extra) to train without them")
+        raise RuntimeError(f"quack's GELU-epilogue GEMMs disagree with the reference at width {n_embd}: "
+                           f"relative error {err:.2e}; `pip uninstall flash-attn-4 quack-kernels` (the gpu "
+                           "extra) to train without them")
     _gelu_epilogue_on_cuda = True
     return "quack-gelu-epilogue"
 
