@@ -186,26 +186,73 @@ def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[Ker
 
 
 def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[KernelTiming]:
-    """Causal SDPA forward + backward, bf16, per backend (unavailable ones are skipped)."""
+    """Causal attention forward + backward from the packed (B, T, 3C) projection to its gradient, bf16,
+    as the model runs it: SDPA per backend (with the split into heads and the q/k/v gradient
+    concatenation it implies), and kernels.causal_attention's cuDNN + FA4 op where flash-attn-4 is
+    installed (unavailable ones are skipped)."""
     from torch.nn.attention import sdpa_kernel
 
-    nh, hs = cfg.n_head, cfg.head_size
+    import kernels.attention as attention
+
+    nh, C = cfg.n_head, cfg.n_embd
     g = torch.Generator(device="cuda").manual_seed(2)
-    q, k, v = (torch.randn(B, nh, T, hs, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
-               for _ in range(3))  # (B, nh, T, hs)
-    dout = torch.randn_like(q)
-    floor = _floor_ms(3.5 * 2 * B * nh * T * T * hs, 0, ceil)  # causal fwd 2BnhT^2hs; bwd 2.5x fwd
+    qkv = torch.randn(B, T, 3 * C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    dout = torch.randn(B, T, C, device="cuda", dtype=torch.bfloat16, generator=g)
+    floor = _floor_ms(3.5 * 2 * B * nh * T * T * cfg.head_size, 0, ceil)  # causal fwd 2BnhT^2hs; bwd 2.5x fwd
     rows = []
     for name in ("cudnn", "flash", "efficient"):
         def run(name=name):
-            q.grad = k.grad = v.grad = None
+            qkv.grad = None
             with sdpa_kernel([BACKENDS[name]]):
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            out.backward(dout)
+                attention.causal_attention(qkv, nh).backward(dout)  # SDPA while the FA4 op is off
         try:
             rows.append(KernelTiming("causal attention fwd+bwd", f"sdpa {name}", *timed(run), floor))
         except RuntimeError as e:
             print(f"attention backend {name} unavailable: {str(e).splitlines()[0]}")
+    try:
+        name = attention.configure_attention(nh, cfg.head_size)
+        if name.endswith("+fa4-bwd"):
+            def packed():
+                qkv.grad = None
+                attention.causal_attention(qkv, nh).backward(dout)
+            rows.append(KernelTiming("causal attention fwd+bwd", "cuDNN fwd + FA4 bwd (packed)", *timed(packed), floor))
+    finally:
+        attention._fa4_backward_on_cuda = False
+        attention.enable_all_sdpa_backends()
+    return rows
+
+
+def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
+    """The MLP branch forward + backward (without c_proj's bias, as the fused path runs it), bf16:
+    torch.compile of the plain ops against kernels.fused_mlp with quack's GELU epilogues, where installed."""
+    import kernels.mlp as mlp
+
+    C = cfg.n_embd
+    g = torch.Generator(device="cuda").manual_seed(4)
+    h = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    dy = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
+    w_fc, b_fc, w_proj = (0.02 * torch.randn(*s, device="cuda", generator=g).requires_grad_()
+                          for s in ((4 * C, C), (4 * C,), (C, 4 * C)))
+    floor = _floor_ms(3 * 2 * 2 * N * C * 4 * C, 0, ceil)  # two matmuls, forward and two backward each
+
+    @torch.compile
+    def plain(h):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return F.linear(F.gelu(F.linear(h, w_fc, b_fc), approximate="tanh"), w_proj)
+
+    def step(branch):
+        def run():
+            h.grad = w_fc.grad = b_fc.grad = w_proj.grad = None
+            branch(h).backward(dy)
+        return run
+
+    rows = [KernelTiming("MLP branch fwd+bwd", "torch.compile (GELU passes by Inductor)", *timed(step(plain)), floor)]
+    try:
+        if mlp.configure_mlp(torch.bfloat16, "cuda", n_embd=C) == "quack-gelu-epilogue":
+            fused = step(lambda h: mlp.fused_mlp(h, w_fc, b_fc, w_proj, None, torch.bfloat16))
+            rows.append(KernelTiming("MLP branch fwd+bwd", "fused_mlp (quack GELU epilogues)", *timed(fused), floor))
+    finally:
+        mlp._gelu_epilogue_on_cuda = False
     return rows
 
 
@@ -230,7 +277,8 @@ def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...]) -> tupl
     ceil = measure_ceilings()
     rows = []
     for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows), lambda: bench_add_layernorm(cfg, B * T, ceil),
-                  lambda: bench_attention(cfg, B, T, ceil), lambda: bench_adamw(cfg, ceil)):
+                  lambda: bench_attention(cfg, B, T, ceil), lambda: bench_mlp(cfg, B * T, ceil),
+                  lambda: bench_adamw(cfg, ceil)):
         try:
             rows += bench()
         except Exception:  # noqa: BLE001 - one op's failure must not cost the other rows of a scarce GPU run

@@ -6,7 +6,7 @@ micro-steps of B x T random tokens under bf16 autocast, grad-norm clip, AdamW), 
 MFU, peak GPU memory and step time:
 
   kernels               GPT(use_kernels=True): fused residual+LayerNorm, fused classifier, SDPA backend
-                        checked and pinned by kernels.configure_sdpa (cuDNN first), torch.compile for the rest
+                        checked and pinned by kernels.configure_kernels (cuDNN first), torch.compile for the rest
   kernels-compile-ln    the same, but residual add + LayerNorm written in plain ops for Inductor to fuse
                         (is our kernel worth keeping inside the whole step?)
   kernels-dw-add        the same, but the classifier's dW accumulated by a separate add, as before
@@ -49,14 +49,17 @@ from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.metrics import flops_per_token, peak_flops
-from kernels.attention import configure_sdpa, enable_all_sdpa_backends
+from kernels import configure_kernels
+from kernels.attention import enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
 
 
 @dataclass(frozen=True)
 class Variant:
     use_kernels: bool
-    sdpa: tuple[str, ...] | None  # SDPA backend preference (kernels.configure_sdpa); None: PyTorch's default
+    sdpa: tuple[str, ...] | None  # SDPA backend preference (kernels.configure_kernels); None: PyTorch's default
+    fa4_backward: bool = True  # False: SDPA's own backward even where flash-attn-4 is installed
+    gelu_epilogue: bool = True  # False: the MLP's GELU left to Inductor even where quack-kernels is installed
     fused_layernorm: bool = True  # False: the kernels path with add+LayerNorm left to Inductor
     dw_in_epilogue: bool = True  # False: the classifier's dW accumulated by a separate add
     compile_mode: str | None = None  # torch.compile's mode
@@ -65,6 +68,8 @@ class Variant:
 KERNELS_SDPA = ("cudnn", "flash")
 VARIANTS = {
     "kernels": Variant(use_kernels=True, sdpa=KERNELS_SDPA),
+    "kernels-sdpa-bwd": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fa4_backward=False),
+    "kernels-inductor-gelu": Variant(use_kernels=True, sdpa=KERNELS_SDPA, gelu_epilogue=False),
     "kernels-compile-ln": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fused_layernorm=False),
     "kernels-dw-add": Variant(use_kernels=True, sdpa=KERNELS_SDPA, dw_in_epilogue=False),
     "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
@@ -150,7 +155,8 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
         sdpa = "default"
         enable_all_sdpa_backends()  # undo an earlier variant's pinning
     else:
-        sdpa = configure_sdpa(config.n_head, config.head_size, preference=spec.sdpa)
+        sdpa = configure_kernels(config.n_head, config.head_size, preference=spec.sdpa,
+                                 fa4_backward=spec.fa4_backward, gelu_epilogue=spec.gelu_epilogue)
     raw = GPT.create(config, seed=42, device="cuda", use_kernels=spec.use_kernels)
     optimizer = configure_optimizer(raw, 6e-4, 0.1, fused=True)
     model = torch.compile(raw, mode=spec.compile_mode)

@@ -53,10 +53,10 @@ def main() -> None:
     cuda = ctx.device.type == "cuda"
     config = parse_model_spec(args.model)
     if cuda:
-        from kernels import configure_sdpa
+        from kernels import configure_kernels
 
         torch.backends.cuda.matmul.allow_tf32 = True
-        configure_sdpa(config.n_head, config.head_size, device=ctx.device)
+        configure_kernels(config.n_head, config.head_size, device=ctx.device)
     raw = GPT.create(config, seed=42, device=ctx.device, use_kernels=cuda)
     model = DDP(torch.compile(raw) if cuda else raw, device_ids=[ctx.local_rank] if cuda else None)
     g = torch.Generator(device=ctx.device).manual_seed(ctx.rank)

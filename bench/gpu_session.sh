@@ -4,17 +4,24 @@
 # a folder holding it), then the training-step benchmark with its profiles and numerics check, with
 # each variant's ratio to the peer. Logs and JSON go to ${OUT:-artifacts/bench}.
 #   PEER=path/to/build-nanogpt bench/gpu_session.sh [extra bench_train.py arguments]
+# GPU_EXTRA="A B" names the two folders of `bench/gpu_extra.sh download` (the optional FA4 and quack
+# kernels) on a host without a package registry; they are unpacked first. Where the extra is installed,
+# the variants kernels-sdpa-bwd and kernels-inductor-gelu measure each of its kernels against its absence.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-artifacts/bench}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+if [[ -n "${GPU_EXTRA:-}" ]]; then
+    eval "$(bash bench/gpu_extra.sh install $GPU_EXTRA)" || exit 1
+fi
 # a fresh Inductor cache: its on-disk graphs do not key on our custom ops' schemas, so graphs cached
 # by an older version of kernels/ on a reused host would index the ops' outputs wrongly
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-$PY -m pytest tests/test_kernels_cross_entropy.py tests/test_kernels_layernorm.py tests/test_kernels_model.py \
+$PY -m pytest tests/test_kernels_cross_entropy.py tests/test_kernels_layernorm.py tests/test_kernels_attention.py \
+    tests/test_kernels_mlp.py tests/test_kernels_model.py \
     -q -x -m "not slow" -p no:cacheprovider --durations=5 2>&1 | tail -20 | tee "$OUT/tests.txt"
 PEER_ARGS=()
 if [[ -n "${PEER:-}" ]]; then

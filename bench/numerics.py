@@ -37,7 +37,7 @@ from gpt2.config import GPTConfig
 from gpt2 import step as step_fns
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
-from kernels.attention import configure_sdpa
+from kernels import configure_kernels
 
 TOL_ABS = 0.02
 
@@ -46,7 +46,7 @@ TOL_ABS = 0.02
 class Path:
     use_kernels: bool
     bf16: bool  # bf16 autocast; False: fp32 with TF32 off
-    sdpa: tuple[str, ...]  # SDPA backend preference (kernels.attention.configure_sdpa)
+    sdpa: tuple[str, ...]  # SDPA backend preference (kernels.configure_kernels)
 
 
 PATHS = {
@@ -82,8 +82,8 @@ def exact_fp32():
 def train_path(descriptor: str, path: Path, batches: torch.Tensor) -> tuple[list[float], dict[str, torch.Tensor]]:
     """-> (loss per step, first step's gradients by parameter name (fp32, CPU, before clipping))."""
     config = GPTConfig.from_descriptor(descriptor)
-    configure_sdpa(config.n_head, config.head_size, dtype=torch.bfloat16 if path.bf16 else torch.float32,
-                   preference=path.sdpa)
+    configure_kernels(config.n_head, config.head_size, dtype=torch.bfloat16 if path.bf16 else torch.float32,
+                      preference=path.sdpa)
     model = GPT.create(config, seed=42, device="cuda", use_kernels=path.use_kernels)
     optimizer = configure_optimizer(model, 6e-4, 0.1, fused=True)
     steps = batches.size(0)

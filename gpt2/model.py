@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
-from kernels import add_layernorm, linear_cross_entropy
+from kernels import add_layernorm, causal_attention, fused_mlp, linear_cross_entropy
+from kernels.mlp import gelu_epilogue_enabled
 from kernels.compile import register_inductor_fallbacks
 
 
@@ -28,9 +29,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self._attend(x))
 
-    def branch_without_proj_bias(self, x: torch.Tensor) -> torch.Tensor:
-        """forward without c_proj's bias, which the fused path adds in add_layernorm instead."""
-        return F.linear(self._attend(x), self.c_proj.weight)
+    def fused_branch(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused path's branch: kernels.causal_attention on the packed projection, then c_proj
+        without its bias, which add_layernorm adds instead."""
+        return F.linear(causal_attention(self.c_attn(x), self.n_head), self.c_proj.weight)  # (B, T, C)
 
     def _attend(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, C) -> the heads' outputs side by side (B, T, C), what c_proj projects."""
@@ -50,14 +52,14 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)  # back into the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self._hidden(x))
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
 
-    def branch_without_proj_bias(self, x: torch.Tensor) -> torch.Tensor:
-        """forward without c_proj's bias, which the fused path adds in add_layernorm instead."""
-        return F.linear(self._hidden(x), self.c_proj.weight)
-
-    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
-        return F.gelu(self.c_fc(x), approximate="tanh")  # GPT-2's tanh GELU
+    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None) -> torch.Tensor:
+        """The fused path's branch, without c_proj's bias (add_layernorm adds it): with a dtype,
+        kernels.fused_mlp (the GELU inside quack's matmuls) computing in it; else the plain ops, compiled."""
+        if gelu_epilogue_dtype is not None:
+            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None, gelu_epilogue_dtype)
+        return F.linear(F.gelu(self.c_fc(x), approximate="tanh"), self.c_proj.weight)
 
 
 class Block(nn.Module):
@@ -171,13 +173,14 @@ class GPT(nn.Module):
         # each LayerNorm after the first: ln_2 of every block, then the next block's ln_1, then ln_f
         next_ln = [blocks[i + 1].ln_1 for i in range(len(blocks) - 1)] + [self.transformer.ln_f]
         first = blocks[0].ln_1
+        gelu_epilogue_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
         for block, ln in zip(blocks, next_ln):
             attn, mlp, ln_2 = block.attn, block.mlp, block.ln_2
-            residual, h = add_layernorm(residual, attn.branch_without_proj_bias(h), ln_2.weight, ln_2.bias,
+            residual, h = add_layernorm(residual, attn.fused_branch(h), ln_2.weight, ln_2.bias,
                                         ln_2.eps, act_dtype, y_bias=attn.c_proj.bias)
-            residual, h = add_layernorm(residual, mlp.branch_without_proj_bias(h), ln.weight, ln.bias, ln.eps,
-                                        act_dtype, y_bias=mlp.c_proj.bias)
+            residual, h = add_layernorm(residual, mlp.fused_branch(h, gelu_epilogue_dtype), ln.weight, ln.bias,
+                                        ln.eps, act_dtype, y_bias=mlp.c_proj.bias)
         return h
 
     def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:

@@ -171,11 +171,11 @@ def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistConte
     torch.backends.cudnn.allow_tf32 = True
     if not use_kernels:
         return None
-    from kernels import configure_sdpa
+    from kernels import configure_kernels
 
     # before the model is built and compiled: compiled graphs bake the backend in (kernels/attention.py)
     act_dtype = autocast_dtype(ctx.device, config.dtype)
-    return configure_sdpa(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
+    return configure_kernels(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
 
 
 @contextmanager

@@ -7,16 +7,41 @@ so this package imports and works without Triton or a GPU.
 
 - `linear_cross_entropy`: lm_head matmul + softmax cross-entropy + gradients over row chunks.
 - `add_layernorm`: residual add + LayerNorm, forward and backward.
-- `configure_sdpa`: pick and pin a checked scaled_dot_product_attention backend (cuDNN, flash).
+- `causal_attention`: attention on the packed q/k/v projection; with flash-attn-4 installed, cuDNN's
+  forward and FlashAttention-4's backward writing one packed gradient.
+- `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
+- `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
+  and turn on the optional FA4 backward and GELU-epilogue MLP where they are installed and agree with
+  their references (`configure_attention`, `configure_mlp`, `configure_sdpa`: the parts alone).
 """
 
-from kernels.attention import configure_sdpa
+import torch
+
+from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
+from kernels.mlp import configure_mlp, fused_mlp
 from kernels.cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
 from kernels.layernorm import add_layernorm, add_layernorm_reference
 
+
+
+def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bfloat16,
+                      device: torch.device | str = "cuda", preference: tuple[str, ...] = DEFAULT_PREFERENCE,
+                      fa4_backward: bool = True, gelu_epilogue: bool = True) -> str:
+    """Configure the fused path's attention and MLP for this model shape; returns what runs, e.g.
+    "cudnn+fa4-bwd, quack-gelu-epilogue"."""
+    attention = configure_attention(n_head, head_size, dtype=dtype, device=device, preference=preference,
+                                    fa4_backward=fa4_backward)
+    return f"{attention}, {configure_mlp(dtype, device, gelu_epilogue, n_embd=n_head * head_size)}"
+
+
 __all__ = [
+    "configure_kernels",
+    "configure_mlp",
+    "fused_mlp",
     "add_layernorm",
     "add_layernorm_reference",
+    "causal_attention",
+    "configure_attention",
     "configure_sdpa",
     "linear_cross_entropy",
     "linear_cross_entropy_reference",

@@ -18,12 +18,16 @@ import warnings
 
 import torch
 
-# registered when kernels/__init__.py imported kernels.cross_entropy and kernels.layernorm, which
+# registered when kernels/__init__.py imported kernels.attention, .mlp, .cross_entropy and .layernorm, which
 # Python does before it runs this submodule
 _OPS = (
     torch.ops.gpt2_kernels.linear_cross_entropy.default,
     torch.ops.gpt2_kernels.add_layernorm_fwd.default,
     torch.ops.gpt2_kernels.add_layernorm_bwd.default,
+    torch.ops.gpt2_kernels.attention_fwd.default,
+    torch.ops.gpt2_kernels.attention_bwd.default,
+    torch.ops.gpt2_kernels.mlp_fwd.default,
+    torch.ops.gpt2_kernels.mlp_bwd.default,
 )
 
 

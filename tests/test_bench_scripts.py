@@ -43,3 +43,36 @@ def test_run_train_gpu_defaults_pass_gpt2_train_validation(tmp_path):
     config = load_config(flags)
     assert config.max_steps == 40 and config.total_batch_size == 524288  # the script's defaults
     validate(config, world_size=1)  # raises ConfigError naming what is wrong
+
+
+def test_gpu_extra_install_joins_split_wheels_and_merges_shared_folders(tmp_path):
+    """`bench/gpu_extra.sh install` rebuilds a wheel split over two transfers and unpacks every wheel into
+    one directory, also where two wheels fill the same package folder (what pip's --target gets wrong);
+    the PYTHONPATH it prints makes the package importable, as nvidia-cutlass-dsl's .pth would."""
+    import zipfile
+
+    a, b, site = tmp_path / "a", tmp_path / "b", tmp_path / "site"
+    a.mkdir(), b.mkdir()
+    cutlass = "nvidia_cutlass_dsl/dsl_packages/cutlass"
+    big = tmp_path / "nvidia_cutlass_dsl_libs_cu13-4.7.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(big, "w") as wheel:
+        wheel.writestr(f"{cutlass}/__init__.py", "from cutlass.core import VALUE\n")
+        wheel.writestr(f"{cutlass}/_lib.bin", os.urandom(300_000))  # incompressible: parts of real size
+    with zipfile.ZipFile(a / "nvidia_cutlass_dsl_libs_core-4.7.1-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"{cutlass}/core.py", "VALUE = 42\n")
+    data = big.read_bytes()
+    (a / f"{big.name}.part.aa").write_bytes(data[:100_000])  # split as `download` splits: aa, ab, ac
+    (b / f"{big.name}.part.ab").write_bytes(data[100_000:200_000])
+    (b / f"{big.name}.part.ac").write_bytes(data[200_000:])
+    result = subprocess.run(["bash", "bench/gpu_extra.sh", "install", str(a), str(b), str(site)], cwd=REPO,
+                            capture_output=True, text=True, check=True)
+    assert (site / cutlass / "_lib.bin").read_bytes() == zipfile.ZipFile(big).read(f"{cutlass}/_lib.bin")
+    assert not list(site.glob("*.whl"))  # the joined wheel is unpacked, then removed
+    check = subprocess.run(["bash", "-c", result.stdout + "\npython3 -c 'import cutlass; print(cutlass.VALUE)'"],
+                           capture_output=True, text=True, check=True)
+    assert check.stdout.strip() == "42"
+
+
+def test_gpu_extra_without_arguments_prints_usage():
+    result = subprocess.run(["bash", "bench/gpu_extra.sh"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 2 and "download" in result.stderr and "install" in result.stderr

@@ -1,0 +1,173 @@
+"""GPT-2's MLP with the tanh GELU inside its matmuls' epilogues (quack's CuTe GEMMs), where installed.
+
+    forward:   pre, post = h @ W_fcᵀ + b_fc, gelu(pre)      one GEMM writes both (quack gemm_act)
+               y = post @ W_projᵀ (+ b_proj)                cuBLAS
+    backward:  dpre, post = (dy @ W_proj) ∘ gelu'(pre), gelu(pre)
+                                                           one GEMM, reading pre in its epilogue (gemm_dact)
+               dW_proj = dyᵀ post;  dW_fc = dpreᵀ h;  dh = dpre W_fc;  db = column sums   cuBLAS / torch
+
+Inductor runs the GELU as separate passes over the (B·T, 4C) activations: forward reads pre and writes
+post, backward writes dpost from the matmul and reads it back with pre. Inside the GEMMs those passes
+go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
+docs/benchmarks.md). Only pre is kept for backward; gemm_dact rebuilds post, which dW_proj needs.
+
+`configure_mlp` turns the op on for CUDA where quack-kernels (an optional GPU dependency, Hopper and
+newer) is installed and agrees with the reference; elsewhere the fused model keeps the plain MLP, which
+torch.compile fuses itself. On CPU the op runs its PyTorch reference (`mlp_reference_*`), so the op's
+wiring is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+
+GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
+
+# Whether the fused model's MLP runs this op on CUDA; set by configure_mlp before a model is compiled
+_gelu_epilogue_on_cuda = False
+
+
+@functools.cache
+def _load_quack():
+    """quack's (gemm_act, gemm_dact), or None where it is not installed or the GPU predates Hopper."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        return None
+    try:
+        from quack.gemm_interface import gemm_act, gemm_dact
+    except ImportError:
+        return None
+    # quack 0.6.5 keys its compile cache on everything an epilogue's code refers to and refuses what it
+    # cannot fingerprint; with nvidia-cutlass-dsl 4.7 that includes cutlass's logger, which changes no math
+    logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
+    return gemm_act, gemm_dact
+
+
+def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+                  gelu_epilogue: bool = True, n_embd: int = 768) -> str:
+    """Enable the GELU-epilogue MLP on CUDA where quack runs and matches the reference; returns what runs."""
+    global _gelu_epilogue_on_cuda
+    _gelu_epilogue_on_cuda = False
+    if not (gelu_epilogue and dtype in (torch.bfloat16, torch.float16) and _load_quack() is not None):
+        return "inductor-gelu"
+    g = torch.Generator(device=device).manual_seed(0)
+    h = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
+    dy = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
+    w_fc, b_fc, w_proj = (0.02 * torch.randn(*s, device=device, generator=g)
+                          for s in ((4 * n_embd, n_embd), (4 * n_embd,), (n_embd, 4 * n_embd)))
+    y, pre = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype)
+    grads = _mlp_bwd(dy, h, pre, w_fc, w_proj, False)
+    ref_y, ref_pre = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, None)
+    ref_grads = mlp_reference_bwd(dy.float(), h.float(), ref_pre, w_fc, w_proj, False)
+    err = max(float((a.float() - b).norm() / b.norm()) for a, b in zip((y, *grads[:4]), (ref_y, *ref_grads[:4])))
+    if err > 5e-2:  # bf16 lands near 3e-3
+        raise RuntimeError(f"quack's GELU-epilogue GEMMs disagree with the reference at width {n_embd}: "
+                           f"relative error {err:.2e}; `pip uninstall flash-attn-4 quack-kernels` (the gpu "
+                           "extra) to train without them")
+    _gelu_epilogue_on_cuda = True
+    return "quack-gelu-epilogue"
+
+
+def gelu_epilogue_enabled(device: torch.device) -> bool:
+    """Whether the fused model runs its MLP through `mlp` on `device` (always on CPU: the reference)."""
+    return device.type == "cpu" or (device.type == "cuda" and _gelu_epilogue_on_cuda)
+
+
+def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
+        b_proj: torch.Tensor | None, act_dtype: torch.dtype) -> torch.Tensor:
+    """h (..., C) -> c_proj(gelu(c_fc(h))) (..., C) in act_dtype; b_proj=None leaves c_proj's bias out.
+
+    The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
+    do not see autocast), and their gradients come back in fp32."""
+    C = h.size(-1)
+    y, _ = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype)
+    return y.view(h.shape)
+
+
+@torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=())
+def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
+             b_proj: torch.Tensor | None, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, kept for backward), both in act_dtype."""
+    h, w_fc, b_fc, w_proj = (t.to(act_dtype) for t in (h, w_fc, b_fc, w_proj))
+    b_proj = b_proj.to(act_dtype) if b_proj is not None else None
+    if not h.is_cuda:
+        y, pre = mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
+        return y, pre
+    gemm_act, _ = _load_quack()
+    pre, post = gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False)  # (N, 4C)
+    y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)
+    return y, pre
+
+
+@_mlp_fwd.register_fake
+def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype):
+    N, C = h.shape
+    return h.new_empty(N, C, dtype=act_dtype), h.new_empty(N, w_fc.size(0), dtype=act_dtype)
+
+
+@torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=())
+def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor,
+             has_proj_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj, db_proj (empty without) in the weights' dtype)."""
+    dtype = pre.dtype
+    if not dy.is_cuda:
+        return mlp_reference_bwd(dy, h, pre, w_fc, w_proj, has_proj_bias)
+    _, gemm_dact = _load_quack()
+    w_fc, w_proj, dy, h = w_fc.to(dtype), w_proj.to(dtype), dy.to(dtype), h.to(dtype)
+    dpre, post = gemm_dact(dy, w_proj, pre, activation=GELU, tuned=False)  # (N, 4C) each
+    return _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias)
+
+
+@_mlp_bwd.register_fake
+def _(dy, h, pre, w_fc, w_proj, has_proj_bias):
+    n_proj_bias = w_proj.size(0) if has_proj_bias else 0
+    return (h.new_empty(h.shape, dtype=pre.dtype), w_fc.new_empty(w_fc.shape), w_fc.new_empty(w_fc.size(0)),
+            w_fc.new_empty(w_proj.shape), w_fc.new_empty(n_proj_bias))
+
+
+def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias):
+    """The matmul and column-sum gradients shared by the quack path and the reference."""
+    dtype = w_fc.dtype  # the parameters' (fp32 in training): bias sums accumulate in it
+    dh = dpre @ w_fc.to(dpre.dtype)  # (N, C)
+    db_proj = dy.sum(0, dtype=dtype) if has_proj_bias else dy.new_empty(0, dtype=dtype)
+    return dh, (dpre.t() @ h).to(dtype), dpre.sum(0, dtype=dtype), (dy.t() @ post).to(dtype), db_proj
+
+
+def _setup_context(ctx, inputs, output):
+    h, w_fc, _, w_proj, b_proj, _ = inputs
+    _, pre = output
+    ctx.save_for_backward(h, pre, w_fc, w_proj)
+    ctx.has_proj_bias = b_proj is not None
+    ctx.h_dtype = h.dtype
+    ctx.mark_non_differentiable(pre)
+
+
+def _backward(ctx, dy, _dpre):
+    h, pre, w_fc, w_proj = ctx.saved_tensors
+    dh, dw_fc, db_fc, dw_proj, db_proj = _mlp_bwd(dy.contiguous(), h, pre, w_fc, w_proj, ctx.has_proj_bias)
+    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, (db_proj if ctx.has_proj_bias else None), None
+
+
+_mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj):
+    """The op's forward in plain PyTorch (in h's dtype): (y, pre)."""
+    pre = F.linear(h, w_fc.to(h.dtype), b_fc.to(h.dtype))
+    post = F.gelu(pre, approximate="tanh")
+    return F.linear(post, w_proj.to(h.dtype), b_proj.to(h.dtype) if b_proj is not None else None), pre
+
+
+def mlp_reference_bwd(dy, h, pre, w_fc, w_proj, has_proj_bias):
+    """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`."""
+    dpost = dy.to(pre.dtype) @ w_proj.to(pre.dtype)  # (N, 4C)
+    x = pre.to(torch.promote_types(pre.dtype, torch.float32))  # bf16 math in fp32, fp64 tests in fp64
+    inner = 0.7978845608028654 * (x + 0.044715 * x**3)  # √(2/π)(x + 0.044715x³)
+    t = torch.tanh(inner)
+    dgelu = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x)
+    dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
+    post = (0.5 * x * (1 + t)).to(pre.dtype)
+    return _weight_grads(dy.to(pre.dtype), h.to(pre.dtype), dpre, post, w_fc, has_proj_bias)

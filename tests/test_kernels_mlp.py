@@ -1,0 +1,97 @@
+"""The fused path's MLP op (kernels/mlp.py) against the plain MLP under autograd, at odd shapes.
+
+On CPU the op runs its reference (GELU's derivative written out), checked against autograd through
+`F.gelu` and `F.linear`; on a GPU with quack-kernels installed, the GELU-epilogue GEMMs are checked
+against the fp32 reference.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels.mlp as mlp_op
+from tests.fixtures.numerics import rel_err
+
+
+def weights(C, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    return [torch.randn(*s, dtype=dtype, device=device, generator=g) * 0.3
+            for s in ((4 * C, C), (4 * C,), (C, 4 * C), (C,))]
+
+
+def plain_mlp(h, w_fc, b_fc, w_proj, b_proj):
+    return F.linear(F.gelu(F.linear(h, w_fc, b_fc), approximate="tanh"), w_proj, b_proj)
+
+
+@pytest.mark.parametrize("with_proj_bias", [True, False])
+@pytest.mark.parametrize("N, C", [(7, 5), (1, 3), (33, 12)])
+def test_reference_backward_matches_autograd(N, C, with_proj_bias):
+    w_fc, b_fc, w_proj, b_proj = weights(C)
+    b_proj = b_proj if with_proj_bias else None
+    g = torch.Generator().manual_seed(1)
+    h, dy = (torch.randn(N, C, dtype=torch.float64, generator=g) for _ in range(2))
+    y, pre = mlp_op.mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
+    grads = mlp_op.mlp_reference_bwd(dy, h, pre, w_fc, w_proj, with_proj_bias)
+    leaves = [t.clone().requires_grad_() for t in (h, w_fc, b_fc, w_proj)]
+    bias = b_proj.clone().requires_grad_() if with_proj_bias else None
+    y_ref = plain_mlp(*leaves, bias)
+    y_ref.backward(dy)
+    assert rel_err(y, y_ref) < 1e-12
+    expected = [t.grad for t in leaves] + ([bias.grad] if with_proj_bias else [])
+    got = list(grads[:4]) + ([grads[4]] if with_proj_bias else [])
+    for a, b in zip(got, expected):
+        assert rel_err(a, b) < 1e-12
+    if not with_proj_bias:
+        assert grads[4].numel() == 0
+
+
+def test_op_autograd_on_cpu_matches_plain_mlp():
+    """kernels.mlp with its registered backward, as the fused model calls it (fp32 params, bf16 compute)."""
+    C = 6
+    params = [t.float().requires_grad_() for t in weights(C)]
+    ref_params = [t.detach().double().requires_grad_() for t in params]
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(2, 5, C, generator=g)
+    dy = torch.randn(2, 5, C, generator=g)
+    x = h.clone().requires_grad_()
+    y = mlp_op.fused_mlp(x, *params, torch.float32)
+    y.backward(dy)
+    x_ref = h.double().requires_grad_()
+    plain_mlp(x_ref, *ref_params).backward(dy.double())
+    assert y.shape == h.shape and y.dtype == torch.float32
+    assert rel_err(x.grad, x_ref.grad) < 1e-5
+    for p, r in zip(params, ref_params):
+        assert p.grad.dtype == torch.float32 and rel_err(p.grad, r.grad) < 1e-5
+
+
+def test_ops_pass_opcheck():
+    """Fake (meta) implementations agree with the real ones: what torch.compile traces is what runs."""
+    C = 4
+    w_fc, b_fc, w_proj, b_proj = (t.float() for t in weights(C))
+    h = torch.randn(9, C)
+    torch.library.opcheck(mlp_op._mlp_fwd, (h, w_fc, b_fc, w_proj, b_proj, torch.float32))
+    _, pre = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32)
+    torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, w_fc, w_proj, False))
+
+
+@pytest.mark.gpu
+def test_gelu_epilogue_on_gpu():
+    """quack's gemm_act / gemm_dact (where installed) against the fp32 reference, d12's width."""
+    name = mlp_op.configure_mlp(torch.bfloat16, "cuda")
+    try:
+        if name != "quack-gelu-epilogue":
+            pytest.skip(f"quack-kernels not installed or not applicable here ({name})")
+        C = 768
+        w_fc, b_fc, w_proj, b_proj = (t.float() * 0.1 for t in weights(C, device="cuda"))
+        g = torch.Generator(device="cuda").manual_seed(3)
+        h = torch.randn(1000, C, device="cuda", generator=g).bfloat16()  # rows not a multiple of a tile
+        dy = torch.randn(1000, C, device="cuda", generator=g).bfloat16()
+        y, pre = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16)
+        grads = mlp_op._mlp_bwd(dy, h, pre, w_fc, w_proj, True)
+        ref_y, ref_pre = mlp_op.mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, b_proj)
+        ref_grads = mlp_op.mlp_reference_bwd(dy.float(), h.float(), ref_pre, w_fc, w_proj, True)
+        assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
+        for a, b in zip(grads, ref_grads):
+            assert rel_err(a, b) < 1e-2
+    finally:
+        mlp_op._gelu_epilogue_on_cuda = False
