@@ -193,6 +193,7 @@ def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[Kern
     from torch.nn.attention import sdpa_kernel
 
     import kernels.attention as attention
+    from gpt2.model import sdpa_attention
 
     nh, C = cfg.n_head, cfg.n_embd
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -204,7 +205,7 @@ def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[Kern
         def run(name=name):
             qkv.grad = None
             with sdpa_kernel([BACKENDS[name]]):
-                attention.causal_attention(qkv, nh).backward(dout)  # SDPA while the FA4 op is off
+                sdpa_attention(qkv, nh).backward(dout)
         try:
             rows.append(KernelTiming("causal attention fwd+bwd", f"sdpa {name}", *timed(run), floor))
         except RuntimeError as e:

@@ -15,8 +15,21 @@ import torch.nn.functional as F
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
 from kernels import add_layernorm, causal_attention, fused_mlp, linear_cross_entropy
-from kernels.mlp import gelu_epilogue_enabled
+from kernels.attention import packed_attention_enabled
 from kernels.compile import register_inductor_fallbacks
+from kernels.mlp import gelu_epilogue_enabled
+
+
+def sdpa_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Causal self-attention through SDPA on the c_attn output: (B, T, 3C) -> (B, T, C)."""
+    B, T, C3 = qkv.size()
+    C = C3 // 3
+    q, k, v = qkv.split(C, dim=2)  # 3 x (B, T, C)
+    q = q.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
+    k = k.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
+    v = v.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+    return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
 
 
 class CausalSelfAttention(nn.Module):
@@ -27,22 +40,14 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)  # projection back into the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self._attend(x))
+        return self.c_proj(sdpa_attention(self.c_attn(x), self.n_head))
 
-    def fused_branch(self, x: torch.Tensor) -> torch.Tensor:
-        """The fused path's branch: kernels.causal_attention on the packed projection, then c_proj
-        without its bias, which add_layernorm adds instead."""
-        return F.linear(causal_attention(self.c_attn(x), self.n_head), self.c_proj.weight)  # (B, T, C)
-
-    def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> the heads' outputs side by side (B, T, C), what c_proj projects."""
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+    def fused_branch(self, x: torch.Tensor, packed_attention: bool) -> torch.Tensor:
+        """The fused path's branch, without c_proj's bias (add_layernorm adds it): with packed_attention,
+        kernels.causal_attention (cuDNN forward, FA4 backward into one packed gradient); else SDPA."""
+        qkv = self.c_attn(x)  # (B, T, 3C)
+        y = causal_attention(qkv, self.n_head) if packed_attention else sdpa_attention(qkv, self.n_head)
+        return F.linear(y, self.c_proj.weight)  # (B, T, C)
 
 
 class MLP(nn.Module):
@@ -52,14 +57,17 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd)  # back into the residual stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))  # GPT-2's tanh GELU
+        return self.c_proj(self._hidden(x))
 
     def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None) -> torch.Tensor:
         """The fused path's branch, without c_proj's bias (add_layernorm adds it): with a dtype,
         kernels.fused_mlp (the GELU inside quack's matmuls) computing in it; else the plain ops, compiled."""
         if gelu_epilogue_dtype is not None:
             return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None, gelu_epilogue_dtype)
-        return F.linear(F.gelu(self.c_fc(x), approximate="tanh"), self.c_proj.weight)
+        return F.linear(self._hidden(x), self.c_proj.weight)
+
+    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C): GPT-2's tanh GELU
 
 
 class Block(nn.Module):
@@ -173,12 +181,13 @@ class GPT(nn.Module):
         # each LayerNorm after the first: ln_2 of every block, then the next block's ln_1, then ln_f
         next_ln = [blocks[i + 1].ln_1 for i in range(len(blocks) - 1)] + [self.transformer.ln_f]
         first = blocks[0].ln_1
+        packed_attention = packed_attention_enabled(x.device)
         gelu_epilogue_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
         for block, ln in zip(blocks, next_ln):
             attn, mlp, ln_2 = block.attn, block.mlp, block.ln_2
-            residual, h = add_layernorm(residual, attn.fused_branch(h), ln_2.weight, ln_2.bias,
-                                        ln_2.eps, act_dtype, y_bias=attn.c_proj.bias)
+            residual, h = add_layernorm(residual, attn.fused_branch(h, packed_attention), ln_2.weight,
+                                        ln_2.bias, ln_2.eps, act_dtype, y_bias=attn.c_proj.bias)
             residual, h = add_layernorm(residual, mlp.fused_branch(h, gelu_epilogue_dtype), ln.weight, ln.bias,
                                         ln.eps, act_dtype, y_bias=mlp.c_proj.bias)
         return h

@@ -18,10 +18,9 @@ so this package imports and works without Triton or a GPU.
 import torch
 
 from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
-from kernels.mlp import configure_mlp, fused_mlp
 from kernels.cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
 from kernels.layernorm import add_layernorm, add_layernorm_reference
-
+from kernels.mlp import configure_mlp, fused_mlp
 
 
 def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bfloat16,
@@ -35,14 +34,14 @@ def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bf
 
 
 __all__ = [
-    "configure_kernels",
-    "configure_mlp",
-    "fused_mlp",
     "add_layernorm",
     "add_layernorm_reference",
     "causal_attention",
     "configure_attention",
+    "configure_kernels",
+    "configure_mlp",
     "configure_sdpa",
+    "fused_mlp",
     "linear_cross_entropy",
     "linear_cross_entropy_reference",
 ]

@@ -100,8 +100,8 @@ def configure_sdpa(
     )
 
 
-# Whether causal_attention runs the cuDNN-forward + FA4-backward op on CUDA; set by configure_attention
-# before a model is compiled (compiled graphs bake the choice in, like the SDPA backend)
+# Whether the fused model runs causal_attention (cuDNN forward + FA4 backward) on CUDA; set by
+# configure_attention before a model is compiled (compiled graphs bake the choice in, like the SDPA backend)
 _fa4_backward_on_cuda = False
 
 
@@ -136,21 +136,21 @@ def configure_attention(n_head: int, head_size: int, dtype: torch.dtype = torch.
 def _load_fa4_backward():
     """FlashAttention-4's backward entry point, or None where it is not installed or the GPU predates
     Hopper. Its import takes seconds (CuTe DSL), hence on first use only."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        return None
     try:
         from flash_attn.cute.interface import _flash_attn_bwd
     except ImportError:
         return None
-    return _flash_attn_bwd
+    return _flash_attn_bwd if torch.cuda.get_device_capability()[0] >= 9 else None
+
+
+def packed_attention_enabled(device: torch.device) -> bool:
+    """Whether the fused model runs `causal_attention` on `device` (always on CPU: the reference);
+    elsewhere it runs SDPA with the pinned backend."""
+    return device.type == "cpu" or (device.type == "cuda" and _fa4_backward_on_cuda)
 
 
 def causal_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     """qkv (B, T, 3C), the c_attn output (q, k, v side by side) -> causal self-attention (B, T, C)."""
-    if qkv.is_cuda and not _fa4_backward_on_cuda:
-        q, k, v = _split_heads(qkv, n_head)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        return y.transpose(1, 2).reshape(qkv.shape[:2] + (-1,))  # (B, T, C): heads side by side
     return _attention_fwd(qkv, n_head)[0]
 
 
@@ -189,10 +189,14 @@ def _attention_bwd(dy: torch.Tensor, qkv: torch.Tensor, y: torch.Tensor, lse: to
     B, T, C3 = qkv.shape
     hs = C3 // 3 // n_head
     q, k, v = qkv.view(B, T, 3, n_head, hs).unbind(2)  # (B, T, nh, hs) each, FA4's layout
+    fa4_backward = _load_fa4_backward()
+    if fa4_backward is None:
+        raise RuntimeError("causal_attention's backward on CUDA needs flash-attn-4 on a Hopper or newer GPU "
+                           "(see configure_attention); without it, use SDPA")
     dqkv = torch.empty_like(qkv)
     dq, dk, dv = dqkv.view(B, T, 3, n_head, hs).unbind(2)  # written in place: no concatenation
     # deterministic: the dq accumulation order is fixed, so a resumed run repeats bit for bit
-    _load_fa4_backward()(q, k, v, y.view(B, T, n_head, hs), dy.reshape(B, T, n_head, hs), lse,
+    fa4_backward(q, k, v, y.view(B, T, n_head, hs), dy.reshape(B, T, n_head, hs), lse,
                          causal=True, deterministic=True, dq=dq, dk=dk, dv=dv)
     return dqkv
 

@@ -178,7 +178,7 @@ def _add_layernorm_fwd(
     x, y = x.contiguous(), y.contiguous() if y is not None else None  # the kernels index rows as row * C
     write_copy = _writes_copy(x.dtype, out_dtype)
     if not use_triton(x):  # the reference's own op (torch.native_layer_norm is what F.layer_norm runs)
-        branch = (y.float() + y_bias.float() if y_bias is not None else y.float()) if y is not None else 0
+        branch = 0.0 if y is None else y.float() + (y_bias.float() if y_bias is not None else 0.0)
         residual = (x.float() + branch).to(x.dtype)  # a new tensor even without y: outputs may not alias inputs
         out, mean, rstd = torch.native_layer_norm(residual.float(), (C,), weight.float(), bias.float(), eps)
         copy = residual.to(out_dtype) if write_copy else x.new_empty(0)

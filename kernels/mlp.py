@@ -33,12 +33,13 @@ _gelu_epilogue_on_cuda = False
 
 @functools.cache
 def _load_quack():
-    """quack's (gemm_act, gemm_dact), or None where it is not installed or the GPU predates Hopper."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        return None
+    """quack's (gemm_act, gemm_dact), or None where it is not installed or the GPU predates Hopper
+    (asked only once quack imports: a machine without it may have no GPU at all)."""
     try:
         from quack.gemm_interface import gemm_act, gemm_dact
     except ImportError:
+        return None
+    if torch.cuda.get_device_capability()[0] < 9:
         return None
     # quack 0.6.5 keys its compile cache on everything an epilogue's code refers to and refuses what it
     # cannot fingerprint; with nvidia-cutlass-dsl 4.7 that includes cutlass's logger, which changes no math
@@ -94,8 +95,7 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
     h, w_fc, b_fc, w_proj = (t.to(act_dtype) for t in (h, w_fc, b_fc, w_proj))
     b_proj = b_proj.to(act_dtype) if b_proj is not None else None
     if not h.is_cuda:
-        y, pre = mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
-        return y, pre
+        return mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
     gemm_act, _ = _load_quack()
     pre, post = gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False)  # (N, 4C)
     y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)

@@ -95,3 +95,16 @@ def test_gelu_epilogue_on_gpu():
             assert rel_err(a, b) < 1e-2
     finally:
         mlp_op._gelu_epilogue_on_cuda = False
+
+
+def test_without_quack_the_fused_model_keeps_the_plain_mlp():
+    """Where quack-kernels is not installed (this CPU machine), configuring asks nothing of a GPU and
+    leaves the GELU to Inductor on CUDA; the CPU path keeps testing the op's reference."""
+    try:
+        import quack  # noqa: F401
+        pytest.skip("quack-kernels is installed here")
+    except ImportError:
+        pass
+    assert mlp_op.configure_mlp(torch.bfloat16, "cpu") == "inductor-gelu"
+    assert not mlp_op.gelu_epilogue_enabled(torch.device("cuda"))
+    assert mlp_op.gelu_epilogue_enabled(torch.device("cpu"))
