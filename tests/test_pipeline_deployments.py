@@ -14,27 +14,19 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import training_processes
+from tests.fixtures.processes import free_port, training_processes, wait_for
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -138,15 +130,6 @@ def _deployments() -> list[dict]:
 # Ctrl-C and SIGTERM of run.sh: the flow run is cancelled and its training processes stop
 
 
-def _wait_for(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.5)
-    return condition()
-
-
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how):
     run_name = f"interrupted-{how}"
@@ -159,7 +142,7 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
     proc = subprocess.Popen(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        assert _wait_for(lambda: len(training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
+        assert wait_for(lambda: len(training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -169,7 +152,7 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, output[-3000:]
-    assert _wait_for(lambda: not training_processes(run_name), 30), training_processes(run_name)
+    assert wait_for(lambda: not training_processes(run_name), 30), training_processes(run_name)
     # the flow run's final state, as recorded in the (stopped) server's database
     with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:
         states = db.execute("select f.name, r.state_type from flow_run r join flow f on f.id = r.flow_id "
@@ -201,4 +184,4 @@ def test_readme_kept_server_commands_work_as_written(clone):
             server, worker = int(pids.group(1)), int(pids.group(2))
             os.kill(worker, signal.SIGKILL)
             os.kill(server, signal.SIGTERM)
-            _wait_for(lambda: not Path(f"/proc/{server}").exists(), 30)
+            wait_for(lambda: not Path(f"/proc/{server}").exists(), 30)

@@ -8,22 +8,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 
 import pytest
 import torch
 
 from tasks.launch import Rendezvous, torchrun_command
+from tests.fixtures.processes import free_port
 from tests.fixtures.train.tiny import read_metrics, tiny_config
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(path, config) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.fixtures.corruptions import CORRUPTIONS
+from tests.fixtures.train.tiny import read_metrics
 from tests.test_pipeline_flows import run_flow, smoke_params, states, task_runs, tensorboard_scalars
 
 pytestmark = pytest.mark.slow
@@ -39,22 +41,11 @@ def artifacts(key: str, flow_run_id) -> list:
             key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
 
 
-def _overwrite_1kib(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[100:1124] = bytes(b ^ 0x5A for b in data[100:1124])
-    path.write_bytes(bytes(data))
-
-
-def _truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-@pytest.mark.parametrize("file_name, corrupt", [
-    ("state.pt", _overwrite_1kib), ("model.bin", _truncate), ("model.bin", Path.unlink), ("state.pt", _truncate),
-], ids=["state.pt overwritten (1 KiB)", "model.bin truncated", "model.bin deleted", "state.pt truncated"])
-def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(smoke, file_name, corrupt):
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(smoke, name):
     from flows.pipeline import gpt2_pretrain
 
+    file_name, corrupt = CORRUPTIONS[name]
     params, config, first = smoke
     final = Path(first["train"].checkpoint.path)
     corrupt(final / file_name)
@@ -129,8 +120,7 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
     tokens = torch.from_numpy(np.fromfile(shard, dtype="<u2", offset=1024)[: B * T + 1].astype(np.int64))
     with torch.no_grad():
         _, expected = weights(tokens[:-1].view(B, T), tokens[1:].view(B, T))
-    metrics = [json.loads(line) for line in (Path(records["train"].run_dir) / "metrics.jsonl").read_text().splitlines()]
-    first_loss = next(m["loss"] for m in metrics if m["kind"] == "train")
+    first_loss = read_metrics(records["train"].run_dir)[0]["loss"]
     assert first_loss == pytest.approx(expected.item(), rel=1e-5)
 
     # progress followed the metrics file to the end

@@ -14,16 +14,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import training_processes
+from tests.fixtures.processes import free_port, training_processes, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,12 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 PREFECT = str(REPO / ".venv" / "bin" / "prefect")
 # a training run that would go on for hours: the CPU smoke model, no checkpoints or evaluations on the way
 LONG_TRAINING = ["--param", "max_steps=1000000", "--param", "checkpoint_every=0", "--param", "val_every=0"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def copy_tree(dest: Path) -> Path:
@@ -108,12 +100,8 @@ def _healthy(api_url: str) -> bool:
 
 
 def _wait_until(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
+    if value := wait_for(condition, timeout_s):
+        return value
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
@@ -162,9 +150,7 @@ def start_long_training(server: Server, run_name: str, *args: str) -> str:
 
 def assert_no_training_left(run_name: str) -> None:
     """Within a few seconds nothing of the run is left (torchrun's SIGTERM grace is 15 s at most)."""
-    deadline = time.monotonic() + 30
-    while training_processes(run_name) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_for(lambda: not training_processes(run_name), 30)
     assert training_processes(run_name) == []
 
 

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,7 +18,8 @@ from gpt2.config import parse_model_spec
 from gpt2.model import GPT
 from gpt2.train import train
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
-from tests.fixtures.train.tiny import TINY_MODEL, tiny_config
+from tests.fixtures.processes import wait_for
+from tests.fixtures.train.tiny import TINY_MODEL, read_metrics, tiny_config
 
 
 def _trainer(config, tmp_path: Path, name: str) -> list[str]:
@@ -28,20 +28,13 @@ def _trainer(config, tmp_path: Path, name: str) -> list[str]:
     return [sys.executable, "-m", "gpt2.train", "--config", str(path)]
 
 
-def _wait_for(predicate, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_a_second_trainer_in_the_same_run_dir_is_refused_naming_the_first(tmp_path):
     config = tiny_config(tmp_path, max_steps=100_000, warmup_steps=1)  # runs until killed
     first = subprocess.Popen(_trainer(config, tmp_path, "first"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     metrics = Path(config.out_dir) / "metrics.jsonl"
     try:
-        _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0)
+        assert wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, 120, poll_s=0.05), "timed out"
         second = subprocess.run(_trainer(config, tmp_path, "second"), capture_output=True, text=True, timeout=300)
         assert second.returncode != 0
         assert f"pid {first.pid} on host {socket.gethostname()}" in second.stderr, second.stderr
@@ -49,8 +42,7 @@ def test_a_second_trainer_in_the_same_run_dir_is_refused_naming_the_first(tmp_pa
         with pytest.raises(RunDirLocked, match=f"pid {first.pid}"):  # in-process too
             train(config)
         assert first.poll() is None  # the first writer goes on, alone
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        steps = [r["step"] for r in records if r["kind"] == "train"]
+        steps = [r["step"] for r in read_metrics(config.out_dir)]
         assert steps == list(range(len(steps)))  # one writer's records, in order
     finally:
         first.send_signal(signal.SIGKILL)
@@ -111,7 +103,7 @@ def test_training_from_existing_weights_starts_with_their_loss(tmp_path, kind):
     with torch.no_grad():
         _, expected = source_model(x, y)
     summary = train(config)
-    first = json.loads(Path(config.out_dir, "metrics.jsonl").read_text().splitlines()[0])
+    first = read_metrics(config.out_dir)[0]
     assert (first["step"], summary["start_step"], summary["init_from"]) == (0, 0, str(source))
     assert first["loss"] == pytest.approx(expected.item(), rel=1e-6)
 

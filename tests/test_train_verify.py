@@ -11,27 +11,9 @@ import torch
 
 from gpt2 import checkpoint as ckpt
 from gpt2.train import train
+from tests.fixtures.corruptions import CORRUPTIONS, overwrite_1kib, truncate
 from tests.fixtures.train.tiny import single_thread  # noqa: F401 (autouse fixture)
 from tests.fixtures.train.tiny import TINY_GPT2_VOCAB_MODEL, final_params, tiny_config
-
-
-def overwrite_1kib(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    middle = len(data) // 2
-    data[middle:middle + 1024] = bytes(b ^ 0x5A for b in data[middle:middle + 1024])  # same size, new bytes
-    path.write_bytes(bytes(data))
-
-
-def truncate(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-CORRUPTIONS = {
-    "state.pt overwritten (1 KiB)": ("state.pt", overwrite_1kib),
-    "model.bin truncated": ("model.bin", truncate),
-    "model.bin deleted": ("model.bin", Path.unlink),
-    "state.pt truncated": ("state.pt", truncate),
-}
 
 
 @pytest.mark.parametrize("name", CORRUPTIONS)
