@@ -34,16 +34,16 @@ def manifest(record) -> dict:
 def test_edited_corpus_reruns_download_and_tokenize_then_nothing_changed_is_all_cached(data_params):
     from flows.pipeline import tokenize_flow
 
-    _, first, _ = run_flow(tokenize_flow, **data_params)
+    _, first = run_flow(tokenize_flow, **data_params)
     assert manifest(first["tokenize"])["num_documents"] == 100
 
     Path(data_params["source"]).write_text(CORPUS.read_text())  # edited in place: 150 documents
-    flow_run_id, records, _ = run_flow(tokenize_flow, **data_params)
+    flow_run_id, records = run_flow(tokenize_flow, **data_params)
     assert states(flow_run_id) == {"download": "Completed", "tokenize": "Completed"}
     assert manifest(records["tokenize"])["num_documents"] == 150
     assert records["tokenize"].num_tokens > first["tokenize"].num_tokens
 
-    flow_run_id, again, _ = run_flow(tokenize_flow, **data_params)
+    flow_run_id, again = run_flow(tokenize_flow, **data_params)
     assert states(flow_run_id) == {"download": "Cached", "tokenize": "Cached"}
     assert again["tokenize"] == records["tokenize"]
 
@@ -55,10 +55,10 @@ def test_a_file_added_to_a_corpus_folder_reruns_download_and_tokenize(data_param
     folder.mkdir()
     (folder / "a.jsonl").write_text("".join(CORPUS.read_text().splitlines(keepends=True)[:30]))
     config = {**data_params, "source": str(folder), "dataset": "folder"}
-    _, first, _ = run_flow(tokenize_flow, **config)
+    _, first = run_flow(tokenize_flow, **config)
     assert manifest(first["tokenize"])["num_documents"] == 30
     (folder / "b.jsonl").write_text("".join(CORPUS.read_text().splitlines(keepends=True)[30:50]))
-    flow_run_id, records, _ = run_flow(tokenize_flow, **config)
+    flow_run_id, records = run_flow(tokenize_flow, **config)
     assert states(flow_run_id) == {"download": "Completed", "tokenize": "Completed"}
     assert manifest(records["tokenize"])["num_documents"] == 50
 
@@ -67,7 +67,7 @@ def test_changed_shard_size_rebuilds_the_shards(data_params):
     from flows.pipeline import tokenize_flow
 
     config = {**data_params, "shard_size": 3000}
-    flow_run_id, records, _ = run_flow(tokenize_flow, **config)
+    flow_run_id, records = run_flow(tokenize_flow, **config)
     assert isinstance(records, dict), records
     assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
     shards = manifest(records["tokenize"])["shards"]
@@ -82,11 +82,11 @@ def test_changed_hellaswag_source_writes_the_new_eval_file(data_params, tmp_path
     from data.hellaswag import iter_jsonl, read_eval_file, render_example
     from flows.pipeline import hellaswag_flow
 
-    _, first, _ = run_flow(hellaswag_flow, **data_params)
+    _, first = run_flow(hellaswag_flow, **data_params)
     assert first["hellaswag"].num_examples == 8
     three = tmp_path / "three.jsonl"
     three.write_text("".join(HELLASWAG.read_text().splitlines(keepends=True)[:3]))
-    flow_run_id, records, _ = run_flow(hellaswag_flow, **{**data_params, "hellaswag_source": str(three)})
+    flow_run_id, records = run_flow(hellaswag_flow, **{**data_params, "hellaswag_source": str(three)})
     assert states(flow_run_id) == {"hellaswag": "Completed"}
     assert records["hellaswag"].num_examples == 3
     assert read_eval_file(records["hellaswag"].path) == [render_example(r, i) for i, r in enumerate(iter_jsonl(three))]
@@ -104,7 +104,7 @@ def test_a_mistyped_local_source_fails_at_once_naming_the_path(data_params, monk
 
     monkeypatch.setattr(flows.pipeline, "download_documents",
                         flows.pipeline.download_documents.with_options(retry_delay_seconds=0, retry_jitter_factor=None))
-    flow_run_id, error, _ = run_flow(flows.pipeline.download_flow,
+    flow_run_id, error = run_flow(flows.pipeline.download_flow,
                                      **{**data_params, "source": "work/mydocs", "dataset": "typo"})
     assert isinstance(error, SourceNotFound) and "work/mydocs: no such file or folder" in str(error)
     (run,) = task_runs(flow_run_id)["download"]
@@ -114,14 +114,14 @@ def test_a_mistyped_local_source_fails_at_once_naming_the_path(data_params, monk
 def test_a_same_size_corrupted_shard_is_rebuilt_alone(data_params):
     from flows.pipeline import tokenize_flow
 
-    _, records, _ = run_flow(tokenize_flow, **data_params)
+    _, records = run_flow(tokenize_flow, **data_params)
     shards = manifest(records["tokenize"])["shards"]
     out = Path(records["tokenize"].out_dir)
     target = out / shards[1]["file"]
     good = target.read_bytes()
     target.write_bytes(good[:-2] + bytes([good[-2] ^ 0xFF, good[-1]]))
     others = {s["file"]: (out / s["file"]).stat().st_mtime_ns for s in shards if s["file"] != target.name}
-    flow_run_id, _, _ = run_flow(tokenize_flow, **data_params)
+    flow_run_id, _ = run_flow(tokenize_flow, **data_params)
     assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
     assert target.read_bytes() == good
     assert {f: (out / f).stat().st_mtime_ns for f in others} == others
@@ -160,7 +160,7 @@ def test_a_hub_download_records_its_resolved_revision_and_reports_progress(data_
             {"text": t} for t in texts)))
     params = {**data_params, "source": "hf://datasets/acme/corpus", "source_config": "small", "limit": 120,
               "dataset": "hub"}
-    flow_run_id, records, _ = run_flow(download_flow, **params)
+    flow_run_id, records = run_flow(download_flow, **params)
     record = records["download"]
     assert json.loads(record.identity) == {"hub": "acme/corpus", "config": "small", "revision": "0123abcd" * 5,
                                            "limit": 120}

@@ -36,11 +36,9 @@ def smoke_params(root: Path, **changes) -> dict:
 
 
 def run_flow(flow_fn, *args, **kwargs):
-    """(flow run id, result or exception, seconds) of a flow called in this process."""
-    t0 = time.perf_counter()
+    """(flow run id, result or exception) of a flow called in this process."""
     state = flow_fn(*args, return_state=True, **kwargs)
-    elapsed = time.perf_counter() - t0
-    return state.state_details.flow_run_id, state.result(raise_on_failure=False), elapsed
+    return state.state_details.flow_run_id, state.result(raise_on_failure=False)
 
 
 def task_runs(flow_run_id) -> dict[str, list]:
@@ -100,7 +98,6 @@ class SmokeRun:
     config: object  # the same, validated: flows.config.PipelineSettings
     flow_run_id: object
     records: dict
-    seconds: float
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +106,9 @@ def smoke(prefect_server) -> SmokeRun:
     from flows.pipeline import gpt2_pretrain
 
     params = smoke_params(prefect_server / "artifacts")
-    flow_run_id, records, seconds = run_flow(gpt2_pretrain, **params)
+    flow_run_id, records = run_flow(gpt2_pretrain, **params)
     assert isinstance(records, dict), f"smoke pipeline failed: {records!r}"
-    return SmokeRun(params, check_settings(params), flow_run_id, records, seconds)
+    return SmokeRun(params, check_settings(params), flow_run_id, records)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -179,7 +176,7 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
 def test_second_run_is_all_from_cache(smoke):
     from flows.pipeline import gpt2_pretrain
 
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, **smoke.params)
+    flow_run_id, records = run_flow(gpt2_pretrain, **smoke.params)
     assert set(states(flow_run_id).values()) == {"Cached"}, states(flow_run_id)
     assert records["train"] == smoke.records["train"]
 
@@ -188,7 +185,7 @@ def test_single_stage_rerun(smoke):
     from flows.pipeline import tokenize_flow
 
     before = {p: sha256(p) for p in glob.glob(f"{smoke.records['tokenize'].out_dir}/*.bin")}
-    flow_run_id, records, _ = run_flow(tokenize_flow, **smoke.params, force=True)
+    flow_run_id, records = run_flow(tokenize_flow, **smoke.params, force=True)
     assert states(flow_run_id) == {"download": "Cached", "tokenize": "Completed"}
     assert {p: sha256(p) for p in before} == before
 
@@ -199,7 +196,7 @@ def test_deleted_shard_reruns_tokenize_and_only_what_depends_on_it(smoke):
     shard = Path(sorted(glob.glob(smoke.records["tokenize"].train_glob))[0])
     digest = sha256(shard)
     shard.unlink()
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, **smoke.params)
+    flow_run_id, records = run_flow(gpt2_pretrain, **smoke.params)
     assert states(flow_run_id) == {
         "download": "Cached", "hellaswag": "Cached", "init": "Cached",  # independent of the shards
         "tokenize": "Completed",  # its cached record named a file that is gone
@@ -215,7 +212,7 @@ def test_corrupted_output_is_recomputed_not_returned_from_cache(smoke):
     eval_file = Path(smoke.records["hellaswag"].path)
     good = eval_file.read_bytes()
     eval_file.write_bytes(good[:-2] + bytes([good[-2] ^ 0xFF, good[-1]]))  # same size, one byte flipped
-    flow_run_id, records, _ = run_flow(hellaswag_flow, **smoke.params)
+    flow_run_id, records = run_flow(hellaswag_flow, **smoke.params)
     assert states(flow_run_id) == {"hellaswag": "Completed"}
     assert eval_file.read_bytes() == good
 
@@ -223,7 +220,7 @@ def test_corrupted_output_is_recomputed_not_returned_from_cache(smoke):
 def test_changed_training_parameter_reruns_training_and_what_follows_only(smoke):
     from flows.pipeline import gpt2_pretrain
 
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, **{**smoke.params, "run_name": "smoke-lr", "lr": 3e-4})
+    flow_run_id, records = run_flow(gpt2_pretrain, **{**smoke.params, "run_name": "smoke-lr", "lr": 3e-4})
     assert states(flow_run_id) == {
         "download": "Cached", "tokenize": "Cached", "hellaswag": "Cached", "init": "Cached",
         "train": "Completed", "evaluate": "Completed", "sample": "Completed", "export": "Completed",
@@ -253,7 +250,7 @@ def test_tokenize_hellaswag_and_init_run_at_the_same_time(smoke, tmp_path, monke
     for module, name in ((data.shards, "build_shards"), (data.hellaswag, "prepare"),
                          (gpt2.checkpoint, "write_initial_checkpoint")):
         monkeypatch.setattr(module, name, meet_then(getattr(module, name)))
-    flow_run_id, records, _ = run_flow(train_flow, **{**smoke.params, "root": str(tmp_path), "max_steps": 2,
+    flow_run_id, records = run_flow(train_flow, **{**smoke.params, "root": str(tmp_path), "max_steps": 2,
                                                       "checkpoint_every": 0, "val_every": 0})
     assert isinstance(records, dict), records
     assert states(flow_run_id) == {name: "Completed" for name in ("download", "tokenize", "hellaswag", "init", "train")}
@@ -275,7 +272,7 @@ def test_transient_failure_is_retried_and_succeeds(smoke, tmp_path, monkeypatch)
     fast_retries = flows.pipeline.prepare_hellaswag.with_options(retry_delay_seconds=0, retry_jitter_factor=None)
     monkeypatch.setattr(flows.pipeline, "prepare_hellaswag", fast_retries)
 
-    flow_run_id, records, _ = run_flow(flows.pipeline.hellaswag_flow, **{**smoke.params, "root": str(tmp_path)})
+    flow_run_id, records = run_flow(flows.pipeline.hellaswag_flow, **{**smoke.params, "root": str(tmp_path)})
     (run,) = task_runs(flow_run_id)["hellaswag"]
     assert (run.state.name, run.run_count, len(calls)) == ("Completed", 2, 2)
     assert records["hellaswag"].num_examples == 8
@@ -290,7 +287,7 @@ def test_deterministic_failure_is_not_retried(smoke, tmp_path, monkeypatch):
     fast_retries = flows.pipeline.prepare_hellaswag.with_options(retry_delay_seconds=0, retry_jitter_factor=None)
     monkeypatch.setattr(flows.pipeline, "prepare_hellaswag", fast_retries)
 
-    flow_run_id, error, _ = run_flow(flows.pipeline.hellaswag_flow,
+    flow_run_id, error = run_flow(flows.pipeline.hellaswag_flow,
                                      **{**smoke.params, "root": str(tmp_path), "hellaswag_source": str(bad)})
     assert isinstance(error, EvalFileError) and "bad.jsonl line 1" in str(error)
     (run,) = task_runs(flow_run_id)["hellaswag"]
@@ -307,7 +304,7 @@ def test_bad_setting_fails_before_any_stage_runs_naming_the_field(smoke, tmp_pat
     from flows.pipeline import gpt2_pretrain
 
     params = {**smoke.params, "root": str(tmp_path), "run_name": "smoke-bad", **changes}
-    flow_run_id, error, _ = run_flow(gpt2_pretrain, **params)
+    flow_run_id, error = run_flow(gpt2_pretrain, **params)
     assert isinstance(error, ValueError) and message in str(error), error
     assert task_runs(flow_run_id) == {}  # no stage ran: nothing downloaded, nothing trained
     assert not (tmp_path / "data").exists()
@@ -336,7 +333,7 @@ def test_failed_training_is_retried_and_resumes_from_the_latest_checkpoint(smoke
     monkeypatch.setattr(tasks.train, "run_streaming", crash_after_first_checkpoint)
     monkeypatch.setattr(flows.pipeline, "train", flows.pipeline.train.with_options(retry_delay_seconds=0))
 
-    flow_run_id, records, _ = run_flow(flows.pipeline.train_flow, **{**smoke.params, "run_name": "smoke-retry"})
+    flow_run_id, records = run_flow(flows.pipeline.train_flow, **{**smoke.params, "run_name": "smoke-retry"})
     (run,) = task_runs(flow_run_id)["train"]
     assert (run.state.name, run.run_count) == ("Completed", 2)
     assert starts == [0, 10]  # the retry resumed from checkpoint 10 instead of starting over
@@ -349,7 +346,7 @@ def test_scheduled_evaluation_evaluates_each_checkpoint_exactly_once(smoke):
 
     run_dir = Path(smoke.records["train"].run_dir)
     runs_dir = str(smoke.config.runs_dir)
-    first_id, first_rows, _ = run_flow(gpt2_evaluate, runs_dir)
+    first_id, first_rows = run_flow(gpt2_evaluate, runs_dir)
 
     # training goes on: a new checkpoint appears between two scans
     state = load_checkpoint(smoke.records["train"].checkpoint.path)
@@ -359,7 +356,7 @@ def test_scheduled_evaluation_evaluates_each_checkpoint_exactly_once(smoke):
     new_step = smoke.records["train"].steps + 10
     save_checkpoint(run_dir, new_step, {**state, "step": new_step, "model": model.state_dict()}, model)
 
-    second_id, second_rows, _ = run_flow(gpt2_evaluate, runs_dir)
+    second_id, second_rows = run_flow(gpt2_evaluate, runs_dir)
     steps = [step for step, _ in list_checkpoints(run_dir)]
     evaluated_by_pipeline = smoke.records["evaluate"].step
     first_evaluations = task_runs(first_id).get("evaluate", [])

@@ -26,7 +26,7 @@ def smoke(prefect_server):
     from flows.pipeline import gpt2_pretrain
 
     params = smoke_params(prefect_server / "artifacts")
-    _, records, _ = run_flow(gpt2_pretrain, **params)
+    _, records = run_flow(gpt2_pretrain, **params)
     assert isinstance(records, dict), f"smoke pipeline failed: {records!r}"
     return params, check_settings(params), records
 
@@ -50,7 +50,7 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     final = Path(first["train"].checkpoint.path)
     corrupt(final / file_name)
 
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, **params)
+    flow_run_id, records = run_flow(gpt2_pretrain, **params)
     assert isinstance(records, dict), f"the pipeline failed: {records!r}"
     assert states(flow_run_id)["train"] == "Completed"
     (train_run,) = task_runs(flow_run_id)["train"]
@@ -82,7 +82,7 @@ def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smo
     for name in ("run-a", "run-b"):  # two runs whose checkpoints hold the same bytes
         shutil.copytree(original, runs_dir / name, ignore=shutil.ignore_patterns("evaluations", "tensorboard", "LOCK"))
 
-    flow_run_id, rows, _ = run_flow(gpt2_evaluate, str(runs_dir))
+    flow_run_id, rows = run_flow(gpt2_evaluate, str(runs_dir))
     steps = [step for step, _ in list_checkpoints(runs_dir / "run-a")]
     assert sorted((r["run"], r["step"]) for r in rows) == [(run, s) for run in ("run-a", "run-b") for s in steps]
     for name in ("run-a", "run-b"):
@@ -107,7 +107,7 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
     params, config, first = smoke
     weights = GPT.create(parse_model_spec(config.model), seed=1234)
     hf_dir = export_hf(weights, tmp_path / "hf")
-    flow_run_id, records, _ = run_flow(gpt2_pretrain, **{**params, "init_from": str(hf_dir), "run_name": "smoke-from-hf"})
+    flow_run_id, records = run_flow(gpt2_pretrain, **{**params, "init_from": str(hf_dir), "run_name": "smoke-from-hf"})
     assert isinstance(records, dict), f"the pipeline failed: {records!r}"
     init = records["init"]
     assert (init.source, init.path) == ("hf", str(hf_dir.resolve()))
