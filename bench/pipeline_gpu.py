@@ -24,6 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.files import atomic_path, write_json
+from gpt2.run_dir import RunDir
+from tasks.report import read_metrics
+
 REPO = Path(__file__).resolve().parent.parent
 WORDS_SOURCE = REPO / "tests" / "fixtures" / "pipeline" / "corpus.jsonl"
 SUCCESSOR_PROBS = np.array([0.6, 0.3, 0.1])
@@ -72,9 +76,8 @@ def _write_part(args: tuple[Path, int, int]) -> int:
     table = successors(len(words))
     rng = np.random.default_rng([SEED, part])
     docs = [render(words, row) for row in chains(table, n_docs, DOC_WORDS, rng)]
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(pa.table({"text": docs}), tmp)
-    tmp.rename(path)
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.table({"text": docs}), tmp)
     return n_docs
 
 
@@ -114,16 +117,12 @@ def write_hellaswag(path: Path, examples: int) -> None:
 # report
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def _step_times(run_dir: Path) -> dict[int, float]:
+def _step_times(run_dir: RunDir) -> dict[int, float]:
     """Wall-clock time of each training step's record (TensorBoard keeps one per scalar)."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     times = {}
-    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+    for path in sorted(run_dir.tensorboard.glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             if any(value.tag == "train/tok_s" for value in event.summary.value):
                 times[event.step] = event.wall_time
@@ -139,19 +138,20 @@ def report(pipeline_run: Path, alone_run: Path | None, flow_runs_path: Path, out
     """summary.json: tokens/s through the pipeline and alone, the scheduled evaluations' cost, losses, evals."""
     from datetime import datetime
 
-    pipeline = _metrics(pipeline_run)
+    pipeline_dir = RunDir(pipeline_run)
+    pipeline = read_metrics(pipeline_dir.metrics)
     flow_runs = json.loads(flow_runs_path.read_text()) if flow_runs_path.exists() else []
     summary: dict = {"pipeline_run": str(pipeline_run), "flow_runs": flow_runs}
     summary["pipeline_tokens_per_s"] = _median_tok_s(pipeline, skip)
-    if alone_run is not None and (alone_run / "metrics.jsonl").exists():
-        summary["alone_tokens_per_s"] = _median_tok_s(_metrics(alone_run), skip)
+    if alone_run is not None and (alone_metrics := RunDir(alone_run).metrics).exists():
+        summary["alone_tokens_per_s"] = _median_tok_s(read_metrics(alone_metrics), skip)
         if summary["pipeline_tokens_per_s"] and summary["alone_tokens_per_s"]:
             summary["orchestration_overhead"] = 1 - summary["pipeline_tokens_per_s"] / summary["alone_tokens_per_s"]
 
     # steps that ran while a scheduled evaluation ran, against the others
     windows = [(datetime.fromisoformat(r["start"]).timestamp(), datetime.fromisoformat(r["end"]).timestamp())
                for r in flow_runs if r["flow"] == "gpt2-evaluate" and r.get("start") and r.get("end")]
-    times = _step_times(pipeline_run)
+    times = _step_times(pipeline_dir)
     during, outside = [], []
     for r in pipeline:
         if r.get("kind") == "train" and r["step"] >= skip and r["step"] in times:
@@ -169,10 +169,10 @@ def report(pipeline_run: Path, alone_run: Path | None, flow_runs_path: Path, out
     summary["loss_curve"] = [(r["step"], r["loss"]) for r in train if r["step"] % 10 == 0 or r is train[-1]]
     summary["val_loss"] = [(r["step"], r["val_loss"]) for r in pipeline if r.get("kind") == "val"]
     summary["hellaswag"] = [(r["step"], r.get("acc_norm")) for r in pipeline if r.get("kind") == "hellaswag"]
-    summary["evaluations"] = {p.stem: json.loads(p.read_text()) for p in sorted((pipeline_run / "evaluations").glob("*.json"))}
+    summary["evaluations"] = {p.stem: json.loads(p.read_text()) for p in sorted(pipeline_dir.evaluations.glob("*.json"))}
     summary["peak_mem_gb"] = max((r.get("peak_mem_gb") or 0.0 for r in train), default=None)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(out / "summary.json", summary)
     _print_summary(summary)
     return summary
 

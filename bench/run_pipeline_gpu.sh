@@ -112,7 +112,6 @@ stop_prefect() {
     if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
     worker_pid= server_pid=
 }
-trap stop_prefect EXIT
 
 deployment_run() {  # deployment_run NAME ARGS...: run it to the end, its output in logs/NAME.log
     local name=$1 logfile="$WORK/logs/${1//\//_}.log"
