@@ -218,3 +218,23 @@ def test_train_code_covers_the_modules_training_runs():
     # imported by gpt2.train directly (loader, evaluation) and through the model (the fused kernels)
     assert {"data.loader", "common.files", "gpt2.evaluate", "gpt2.model", "kernels.layernorm", "kernels.cross_entropy"} <= closure
     assert not any(name.startswith(("torch", "prefect", "tasks")) for name in closure)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the deployments as written in prefect.yaml
+
+
+def test_scheduled_evaluation_runs_gpt2_evaluate_on_the_cpu_only(tmp_path):
+    """docs/pipeline.md: the scheduled scan never takes GPU memory. Its deployment's settings become
+    gpt2.evaluate's `--device cpu`, and its job hides every GPU from the process."""
+    import yaml
+
+    from gpt2.run_dir import RunDir
+    from tasks.evaluate import EvalSettings
+
+    deployments = yaml.safe_load((Path(__file__).resolve().parent.parent / "prefect.yaml").read_text())["deployments"]
+    scheduled = next(d for d in deployments if d["name"] == "scheduled")
+    assert scheduled["entrypoint"].endswith(":gpt2_evaluate")
+    args = EvalSettings(**scheduled["parameters"]["settings"]).args(RunDir(tmp_path))
+    assert args[args.index("--device") + 1] == "cpu"
+    assert scheduled["job_variables"]["env"]["CUDA_VISIBLE_DEVICES"] == ""
