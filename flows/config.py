@@ -155,15 +155,15 @@ def check_settings(parameters: dict[str, Any]) -> PipelineSettings:
 def _check_training(settings: PipelineSettings) -> None:
     """gpt2.train's own checks (batch divisibility, warmup <= steps, model shape, ...) on the settings.
 
-    The shards and the eval file do not exist before their stages run: the data fields point at this
-    file here, so everything else is checked now; the train stage checks them again with the real data.
+    The shards, the eval file and init_from's weights are not checked here (they may not exist before their
+    stages run): the train stage checks them again with the real files.
     """
-    from gpt2.train_config import validate
+    from gpt2.train_config import validate_train_settings
 
     from tasks.launch import visible_gpus
 
-    placeholder = __file__
-    config = TrainConfig(**settings.train, model=settings.model, seed=settings.seed, train_data=placeholder,
-                         val_data=placeholder, hellaswag=placeholder if settings.hellaswag_source else None)
+    # the HellaSwag file's path is not known yet; only whether there is one matters (the vocabulary check)
+    hellaswag = str(settings.hellaswag_dir) if settings.hellaswag_source else None
     world_size = (settings.nproc or max(1, visible_gpus())) * settings.rendezvous.nnodes
-    validate(config, world_size=world_size)
+    validate_train_settings(settings.train, world_size,
+                            wired={"model": settings.model, "seed": settings.seed, "hellaswag": hellaswag})

@@ -218,3 +218,24 @@ def test_train_code_covers_the_modules_training_runs():
     # imported by gpt2.train directly (loader, evaluation) and through the model (the fused kernels)
     assert {"data.loader", "common.files", "gpt2.evaluate", "gpt2.model", "kernels.layernorm", "kernels.cross_entropy"} <= closure
     assert not any(name.startswith(("torch", "prefect", "tasks")) for name in closure)
+
+
+# settings checked at flow start
+
+
+def test_flow_start_checks_training_settings_before_their_files_exist(tmp_path):
+    """gpt2.train's checks run on the settings alone (no shards, HellaSwag file or init_from yet); the
+    HellaSwag setting still counts: a model without GPT-2's vocabulary cannot be scored on it."""
+    from flows.config import check_settings
+    from gpt2.train_config import ConfigError
+
+    small_vocab = "n_layer=1,n_head=1,n_embd=8,block_size=16,vocab_size=64"
+    base = dict(root=str(tmp_path), model=small_vocab, batch_size=2, seq_len=16, total_batch_size=32,
+                max_steps=4, warmup_steps=1, sample_every=0, init_from=str(tmp_path / "not-yet"), nproc=1)
+    check_settings({**base, "hellaswag_source": None})
+    with pytest.raises(ConfigError, match="hellaswag_every=.* needs the GPT-2 tokenizer's vocabulary"):
+        check_settings(base)  # the default HellaSwag source
+    check_settings({**base, "hellaswag_source": None, "hellaswag_every": 5})  # no file: nothing to score
+    with pytest.raises(ConfigError, match="warmup_steps=9 exceeds max_steps=4"):
+        check_settings({**base, "hellaswag_source": None, "warmup_steps": 9})
+    assert not any(tmp_path.iterdir())  # checking made nothing
