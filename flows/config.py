@@ -48,8 +48,9 @@ class _PipelineFields(BaseModel):
     model: str = Field("d12", description="model descriptor (d12, ...) or 'n_layer=..,n_head=..,n_embd=..,block_size=..'")
     seed: int = Field(42, description="seed of the weight init (PyTorch RNG order) and of sampling")
     init_from: Optional[str] = Field(
-        None, description="weights to start from instead of llm.c's init: one of our checkpoints, an llm.c model "
-        "file or a Hugging Face GPT-2 directory (its shape must be `model`'s); the init stage records their content")
+        None, description="weights to start from instead of llm.c's init: one of our checkpoints, a run directory "
+        "(its newest checkpoint that verifies), an llm.c model file or a Hugging Face GPT-2 directory (its shape must "
+        "be `model`'s); the init stage records their content")
     # launching
     nproc: Optional[int] = Field(None, ge=1, description="processes per node; default one per visible GPU, else 1")
     rendezvous: Rendezvous = Field(Rendezvous(), description="torchrun across machines (docs/pipeline.md)")

@@ -239,3 +239,73 @@ def test_flow_start_checks_training_settings_before_their_files_exist(tmp_path):
     with pytest.raises(ConfigError, match="warmup_steps=9 exceeds max_steps=4"):
         check_settings({**base, "hellaswag_source": None, "warmup_steps": 9})
     assert not any(tmp_path.iterdir())  # checking made nothing
+
+
+# the init stage's weight sources
+
+
+def _save_tiny_checkpoint(run_dir: Path, step: int, seed: int) -> Path:
+    from dataclasses import asdict
+
+    from gpt2.checkpoint import save_checkpoint
+    from gpt2.config import parse_model_spec
+    from gpt2.model import GPT
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    model = GPT.create(parse_model_spec(TINY_MODEL), seed=seed)
+    return save_checkpoint(run_dir, step, {"step": step, "model": model.state_dict(),
+                                           "model_config": asdict(model.config)}, model)
+
+
+def test_init_from_a_run_directory_is_its_newest_checkpoint_that_verifies(tmp_path):
+    """A run directory (it has a config.json, as a Hugging Face directory does) stands for its newest checkpoint
+    that verifies: the init stage records that checkpoint, by content, and hands its path to training."""
+    from gpt2.checkpoint import STATE_FILE
+    from tasks.init import CheckpointRecord, _existing_weights
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    run_dir = tmp_path / "run"
+    first = _save_tiny_checkpoint(run_dir, 3, seed=1)
+    (run_dir / "config.json").write_text("{}")  # gpt2.train writes one in every run directory
+    record = _existing_weights(str(run_dir), TINY_MODEL)
+    assert (record.source, record.path) == ("checkpoint", str(first.resolve()))
+    assert record.files == CheckpointRecord.of(first, TINY_MODEL).files
+
+    newer = _save_tiny_checkpoint(run_dir, 5, seed=2)  # training went on: a new identity
+    again = _existing_weights(str(run_dir), TINY_MODEL)
+    assert (again.path, again.files) == (str(newer.resolve()), CheckpointRecord.of(newer, TINY_MODEL).files)
+    assert again.content_digest() != record.content_digest()
+
+    state = newer / STATE_FILE  # a newer checkpoint that no longer verifies is skipped
+    state.write_bytes(bytes(b ^ 0xFF for b in state.read_bytes()))
+    assert _existing_weights(str(run_dir), TINY_MODEL) == record
+
+
+def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_path, monkeypatch):
+    import common.files
+    import gpt2.checkpoint
+    from gpt2.checkpoint import COMPLETE_MARKER, STATE_FILE, CheckpointError
+    from gpt2.weights import load_model
+    from tasks.init import _existing_weights
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    checkpoint = _save_tiny_checkpoint(tmp_path / "run", 2, seed=3)
+    hashed = []
+
+    def counting_sha256(path):
+        hashed.append(Path(path).name)
+        return common.files.sha256_file(path)
+
+    monkeypatch.setattr(gpt2.checkpoint, "sha256_file", counting_sha256)
+    for source in (checkpoint, tmp_path / "run"):  # the checkpoint itself, its run directory
+        for use in (load_model, lambda s: _existing_weights(str(s), TINY_MODEL)):
+            hashed.clear()
+            use(source)
+            assert sorted(hashed) == sorted(p.name for p in checkpoint.iterdir() if p.name != COMPLETE_MARKER), source
+
+    state = checkpoint / STATE_FILE
+    state.write_bytes(bytes(b ^ 0xFF for b in state.read_bytes()))  # same size, other content
+    with pytest.raises(CheckpointError, match="content differs from the sha256"):
+        _existing_weights(str(checkpoint), TINY_MODEL)
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint that verifies"):
+        _existing_weights(str(tmp_path / "run"), TINY_MODEL)
