@@ -309,3 +309,26 @@ def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_pat
         _existing_weights(str(checkpoint), TINY_MODEL)
     with pytest.raises(FileNotFoundError, match="no complete checkpoint that verifies"):
         _existing_weights(str(tmp_path / "run"), TINY_MODEL)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "llmc", "hf"])
+def test_init_from_weights_of_another_shape_is_refused_naming_both(tmp_path, kind):
+    from gpt2.hf import export_hf
+    from gpt2.llmc import write_model_file
+    from gpt2.config import parse_model_spec
+    from gpt2.model import GPT
+    from tasks.init import _existing_weights
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    wider = TINY_MODEL.replace("n_embd=32", "n_embd=48")
+    model = GPT.create(parse_model_spec(TINY_MODEL), seed=4)
+    if kind == "checkpoint":
+        source = _save_tiny_checkpoint(tmp_path / "run", 1, seed=4)
+    elif kind == "llmc":
+        source = write_model_file(model, tmp_path / "model.bin")
+    else:
+        source = export_hf(model, tmp_path / "hf")
+    assert _existing_weights(str(source), TINY_MODEL).source == kind  # its own shape is accepted
+    with pytest.raises(ValueError, match=rf"init_from {source} holds model .*n_embd=32.*, but model='{wider}' is "
+                                         r".*n_embd=48.*; set model to the source's shape"):
+        _existing_weights(str(source), wider)
