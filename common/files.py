@@ -74,7 +74,8 @@ def remove_stale_tmp_dirs(directory: str | os.PathLike) -> None:
 
 
 def write_json(path: str | os.PathLike, obj: object) -> None:
-    """Write `obj` as indented JSON, atomically."""
+    """Write `obj` as indented JSON, atomically (its folder created if missing)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2) + "\n")
 

@@ -3,7 +3,7 @@
     python -m gpt2.evaluate --checkpoint artifacts/runs/gpt2-124M --val-data 'shards/*_val_*.bin' \\
         --hellaswag artifacts/eval/hellaswag_val.bin --out eval.json
 
-`--checkpoint` takes our checkpoint directory (or a run directory: its latest complete checkpoint),
+`--checkpoint` takes our checkpoint directory (or a run directory: its newest checkpoint that verifies),
 an llm.c model file, or a Hugging Face GPT-2 directory. Also runs under torchrun: every rank scores
 its own slice and the results are reduced.
 """
@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ import torch.nn as nn
 from common.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2.distributed import (
-    DEVICES, DTYPES, DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown,
+    DEVICE_HELP, DEVICES, DTYPES, DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown,
 )
 from gpt2.train_config import TrainConfig
 from gpt2.weights import MODEL_SOURCE_HELP, load_model
@@ -100,9 +99,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="val sequence length T")
     parser.add_argument("--val-steps", type=int, default=defaults.val_steps, help="val batches per rank")
     parser.add_argument("--out", help="also write the result as JSON here (atomically)")
-    parser.add_argument("--device", default="auto", choices=DEVICES,
-                        help="where the model runs: auto (this rank's GPU when CUDA is available, else the CPU), "
-                        "cuda or cpu")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="autocast dtype (auto: bfloat16 on CUDA, float32 on CPU)")
     return parser
@@ -128,7 +125,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if ctx.is_master:
             print(json.dumps(result), flush=True)
             if args.out:
-                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 write_json(args.out, result)
         clean = True
         return result

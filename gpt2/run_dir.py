@@ -29,7 +29,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-_STEP_NAME = re.compile(r"step_(\d{8})")
+_STEP_NAME = re.compile(r"step_(\d{8})")  # what _step_name writes
+
+
+def _step_name(step: int) -> str:
+    return f"step_{step:08d}"
 
 
 class RunDirLocked(RuntimeError):
@@ -95,17 +99,17 @@ class RunDir:
         return self.root / "LOCK"
 
     def checkpoint(self, step: int) -> Path:
-        return self.checkpoints / f"step_{step:08d}"
+        return self.checkpoints / _step_name(step)
 
     def evaluation(self, step: int) -> Path:
-        return self.evaluations / f"step_{step:08d}.json"
+        return self.evaluations / f"{_step_name(step)}.json"
 
     def sample(self, step: int) -> Path:
-        return self.samples / f"step_{step:08d}.json"
+        return self.samples / f"{_step_name(step)}.json"
 
     def hf_export(self, step: int) -> Path:
         """Where the pipeline's export stage writes checkpoint `step` as a Hugging Face directory."""
-        return self.root / f"hf_step_{step:08d}"
+        return self.root / f"hf_{_step_name(step)}"
 
     def checkpoint_dirs(self) -> list[tuple[int, Path]]:
         """(step, path) of every directory named like a checkpoint, finished or not, oldest first."""

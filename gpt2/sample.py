@@ -10,13 +10,12 @@ disturbed by) the global RNG state of a training run.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from common.files import write_json
-from gpt2.distributed import DEVICES, autocast_context, resolve_device
+from gpt2.distributed import DEVICE_HELP, DEVICES, autocast_context, resolve_device
 from gpt2.model import GPT
 from gpt2.train_config import TrainConfig
 from gpt2.weights import MODEL_SOURCE_HELP, load_model
@@ -80,9 +79,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens; 0: all")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of the sampling generator")
-    parser.add_argument("--device", default="auto", choices=DEVICES,
-                        help="where the model runs: auto (this rank's GPU when CUDA is available, else the CPU), "
-                        "cuda or cpu")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help=DEVICE_HELP)
     parser.add_argument("--out", help="also write the samples as JSON here (atomically)")
     return parser
 
@@ -99,7 +96,6 @@ def main(argv: list[str] | None = None) -> list[str]:
     for i, text in enumerate(samples):
         print(f"--- sample {i}\n{text}", flush=True)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_json(args.out, {"checkpoint": str(args.checkpoint), "step": step, "prompt": args.prompt,
                               "seed": args.seed, "top_k": args.top_k, "temperature": args.temperature,
                               "max_new_tokens": args.max_new_tokens, "samples": samples})

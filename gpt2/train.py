@@ -268,7 +268,7 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
 
         completed = step + 1
         if completed == config.max_steps or (config.checkpoint_every and completed % config.checkpoint_every == 0):
-            summary["checkpoint"] = _save(completed, config, model_config, run, ctx)
+            summary["checkpoint"] = _save(completed, run_dir, config, model_config, run, ctx)
 
     logger.close()
     if ctx.is_master:
@@ -316,17 +316,18 @@ def _evaluate_if_due(
     return results
 
 
-def _save(step: int, config: TrainConfig, model_config: GPTConfig, run: _Run, ctx: DistContext) -> str:
+def _save(step: int, run_dir: RunDir, config: TrainConfig, model_config: GPTConfig, run: _Run,
+          ctx: DistContext) -> str:
     """Checkpoint after `step` optimizer steps; every rank contributes its loader and RNG state."""
     loader_states = gather_objects(run.train_loader.state_dict(), ctx)  # collective: every rank calls it
     rng_states = gather_objects(ckpt.capture_rng_state(), ctx)
     optimizer_state = full_state_dict(run.optimizer)  # collective under ZeRO-1
-    path = RunDir(config.out_dir).checkpoint(step)
+    path = run_dir.checkpoint(step)
     if ctx.is_master:
         state = {"step": step, "model": run.raw_model.state_dict(), "optimizer": optimizer_state,
                  "guard": run.guard.state_dict(), "loader": loader_states, "rng": rng_states,
                  "world_size": ctx.world_size, "config": config.to_dict(), "model_config": asdict(model_config)}
-        ckpt.save_checkpoint(config.out_dir, step, state, run.raw_model, config.model_file_dtype, config.keep_last)
+        ckpt.save_checkpoint(run_dir.root, step, state, run.raw_model, config.model_file_dtype, config.keep_last)
     return str(path)
 
 

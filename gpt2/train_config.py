@@ -82,7 +82,7 @@ class TrainConfig:
     # checkpoints
     checkpoint_every: int = _opt(1000, "checkpoint every N steps and at the end; 0: only at the end")
     keep_last: int = _opt(3, "complete checkpoints kept; older ones are deleted (step 0 is always kept)")
-    resume: bool = _opt(True, "continue from the latest complete checkpoint in out_dir")
+    resume: bool = _opt(True, "continue from the newest checkpoint in out_dir that verifies")
     model_file_dtype: str = _opt("float32", "dtype of the llm.c model file written with each checkpoint")
     # outlier guard
     guard_window: int = _opt(128, "window of the rolling loss and grad-norm z-scores")

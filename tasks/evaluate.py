@@ -56,11 +56,6 @@ class EvalSettings:
         return args
 
 
-def evaluation_path(checkpoint: CheckpointRecord) -> Path:
-    """The ledger entry that marks a checkpoint of its run as evaluated."""
-    return RunDir(checkpoint.run_dir).evaluation(checkpoint.step)
-
-
 def read_evaluation(run_dir: RunDir, step: int) -> dict[str, Any] | None:
     """The recorded evaluation of this checkpoint if its files still hold the evaluated content, else None.
 
@@ -99,8 +94,7 @@ def evaluate_checkpoint(
     the checkpoint's step and its evaluations/ ledger."""
     if shards is None and hellaswag is None:
         raise ValueError("evaluate: nothing to evaluate; give val shards and/or a HellaSwag eval file")
-    ledger = evaluation_path(checkpoint)
-    ledger.parent.mkdir(parents=True, exist_ok=True)
+    ledger = RunDir(checkpoint.run_dir).evaluation(checkpoint.step)  # marks the checkpoint evaluated
     out = ledger.with_name(ledger.name + ".result.tmp")
     args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(RunDir(checkpoint.run_dir))]
     if shards is not None:
@@ -124,7 +118,6 @@ def file_evaluation(checkpoint: CheckpointRecord, val_loss: float | None,
     _write_tensorboard(run_dir, checkpoint.step, result)
     entry = {"checkpoint": checkpoint.path, "files": [asdict(f) for f in checkpoint.files], "step": checkpoint.step,
              **result}
-    run_dir.evaluations.mkdir(parents=True, exist_ok=True)
     write_json(run_dir.evaluation(checkpoint.step), entry)
     return entry
 

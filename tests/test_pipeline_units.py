@@ -332,3 +332,23 @@ def test_init_from_weights_of_another_shape_is_refused_naming_both(tmp_path, kin
     with pytest.raises(ValueError, match=rf"init_from {source} holds model .*n_embd=32.*, but model='{wider}' is "
                                          r".*n_embd=48.*; set model to the source's shape"):
         _existing_weights(str(source), wider)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the deployments as written in prefect.yaml
+
+
+def test_scheduled_evaluation_runs_gpt2_evaluate_on_the_cpu_only(tmp_path):
+    """docs/pipeline.md: the scheduled scan never takes GPU memory. Its deployment's settings become
+    gpt2.evaluate's `--device cpu`, and its job hides every GPU from the process."""
+    import yaml
+
+    from gpt2.run_dir import RunDir
+    from tasks.evaluate import EvalSettings
+
+    deployments = yaml.safe_load((Path(__file__).resolve().parent.parent / "prefect.yaml").read_text())["deployments"]
+    scheduled = next(d for d in deployments if d["name"] == "scheduled")
+    assert scheduled["entrypoint"].endswith(":gpt2_evaluate")
+    args = EvalSettings(**scheduled["parameters"]["settings"]).args(RunDir(tmp_path))
+    assert args[args.index("--device") + 1] == "cpu"
+    assert scheduled["job_variables"]["env"]["CUDA_VISIBLE_DEVICES"] == ""

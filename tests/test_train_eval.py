@@ -100,3 +100,14 @@ def test_sample_cli_reads_an_llmc_file_and_is_reproducible(tmp_path, capsys):
     assert sample.main(args) == first
     assert sample.main([*args, "--seed", "1"]) != first
     assert "--- sample 1" in capsys.readouterr().out
+
+
+def test_sample_out_is_written_into_a_folder_that_did_not_exist(tmp_path):
+    """`--out` may name a file in a new folder: it is created, and the JSON holds the samples."""
+    from common.files import read_json
+
+    path = write_model_file(GPT.create(parse_model_spec(TINY_GPT2_VOCAB_MODEL)), tmp_path / "model.bin")
+    out = tmp_path / "new" / "deeper" / "samples.json"
+    texts = sample.main(["--checkpoint", str(path), "--prompt", "Hi", "--num-samples", "1", "--max-new-tokens", "2",
+                         "--device", "cpu", "--out", str(out)])
+    assert read_json(out)["samples"] == texts
