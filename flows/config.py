@@ -48,8 +48,9 @@ class _PipelineFields(BaseModel):
     model: str = Field("d12", description="model descriptor (d12, ...) or 'n_layer=..,n_head=..,n_embd=..,block_size=..'")
     seed: int = Field(42, description="seed of the weight init (PyTorch RNG order) and of sampling")
     init_from: Optional[str] = Field(
-        None, description="weights to start from instead of llm.c's init: one of our checkpoints, an llm.c model "
-        "file or a Hugging Face GPT-2 directory (its shape must be `model`'s); the init stage records their content")
+        None, description="weights to start from instead of llm.c's init: one of our checkpoints, a run directory "
+        "(its newest checkpoint that verifies), an llm.c model file or a Hugging Face GPT-2 directory (its shape must "
+        "be `model`'s); the init stage records their content")
     # launching
     nproc: Optional[int] = Field(None, ge=1, description="processes per node; default one per visible GPU, else 1")
     rendezvous: Rendezvous = Field(Rendezvous(), description="torchrun across machines (docs/pipeline.md)")
@@ -155,15 +156,15 @@ def check_settings(parameters: dict[str, Any]) -> PipelineSettings:
 def _check_training(settings: PipelineSettings) -> None:
     """gpt2.train's own checks (batch divisibility, warmup <= steps, model shape, ...) on the settings.
 
-    The shards and the eval file do not exist before their stages run: the data fields point at this
-    file here, so everything else is checked now; the train stage checks them again with the real data.
+    The shards, the eval file and init_from's weights are not checked here (they may not exist before their
+    stages run): the train stage checks them again with the real files.
     """
-    from gpt2.train_config import validate
+    from gpt2.train_config import validate_train_settings
 
     from tasks.launch import visible_gpus
 
-    placeholder = __file__
-    config = TrainConfig(**settings.train, model=settings.model, seed=settings.seed, train_data=placeholder,
-                         val_data=placeholder, hellaswag=placeholder if settings.hellaswag_source else None)
+    # the HellaSwag file's path is not known yet; only whether there is one matters (the vocabulary check)
+    hellaswag = str(settings.hellaswag_dir) if settings.hellaswag_source else None
     world_size = (settings.nproc or max(1, visible_gpus())) * settings.rendezvous.nnodes
-    validate(config, world_size=world_size)
+    validate_train_settings(settings.train, world_size,
+                            wired={"model": settings.model, "seed": settings.seed, "hellaswag": hellaswag})

@@ -1,9 +1,10 @@
 """The init stage: the weights training starts from, identified by their content.
 
 Either llm.c's init in PyTorch RNG order (gpt2.init) from a seed, written as a step-0 checkpoint, or
-existing weights (`init_from`: one of our checkpoints, an llm.c model file or a Hugging Face GPT-2
-directory) for continued pretraining or fine-tuning. Both give a `WeightsRecord`, whose files are the
-content identity that train's cache key and run id are made of.
+existing weights (`init_from`: one of our checkpoints, a run directory, recorded as its newest checkpoint
+that verifies, an llm.c model file or a Hugging Face GPT-2 directory) for continued pretraining or
+fine-tuning. Both give a `WeightsRecord`, whose files are the content identity that train's cache key and
+run id are made of.
 
 `CheckpointRecord` (a verified checkpoint directory, by content and step) is the output of train and the
 input of evaluate and sample; `MODEL_CODE` (the checkpoint format, and through its imports the model and
@@ -61,23 +62,18 @@ class WeightsRecord(StageRecord):
 
 
 def _existing_weights(init_from: str, model: str) -> WeightsRecord:
-    """The record of a weight source whose shape is `model`'s; ValueError naming both otherwise."""
-    from common.files import sha256_file
+    """The record of a weight source whose shape is `model`'s; ValueError naming both otherwise. A run directory
+    is recorded as the checkpoint it stands for (gpt2.weights.resolve_source), which training then starts from."""
     from gpt2.config import parse_model_spec
-    from gpt2.weights import load_model, source_files, source_kind
+    from gpt2.weights import load_model, resolve_source
 
-    path = Path(init_from).resolve()
-    kind = source_kind(path)
-    if kind == "checkpoint":
-        checkpoint = CheckpointRecord.of(path, model)  # verified
-        files = checkpoint.files
-    else:
-        files = tuple(FileRef.with_sha256(f, sha256_file(f)) for f in source_files(path))
-    held, _ = load_model(path)  # reads every weight: a source that cannot be loaded fails here, not in train
+    source = resolve_source(Path(init_from).resolve())  # a checkpoint's files are verified (sha256) here, once
+    files = tuple(FileRef.with_sha256(f, digest) for f, digest in source.file_digests().items())
+    held, _ = load_model(source)  # reads every weight: a source that cannot be loaded fails here, not in train
     if held.config != parse_model_spec(model):
         raise ValueError(f"init_from {init_from} holds model {held.config}, but model={model!r} is "
                          f"{parse_model_spec(model)}; set model to the source's shape")
-    return WeightsRecord(files=files, path=str(path), model=model, source=kind)
+    return WeightsRecord(files=files, path=str(source.path), model=model, source=source.kind)
 
 
 @task(name="init", cache_policy=StageCache(stage="init", code=MODEL_CODE), persist_result=True)

@@ -220,6 +220,120 @@ def test_train_code_covers_the_modules_training_runs():
     assert not any(name.startswith(("torch", "prefect", "tasks")) for name in closure)
 
 
+# settings checked at flow start
+
+
+def test_flow_start_checks_training_settings_before_their_files_exist(tmp_path):
+    """gpt2.train's checks run on the settings alone (no shards, HellaSwag file or init_from yet); the
+    HellaSwag setting still counts: a model without GPT-2's vocabulary cannot be scored on it."""
+    from flows.config import check_settings
+    from gpt2.train_config import ConfigError
+
+    small_vocab = "n_layer=1,n_head=1,n_embd=8,block_size=16,vocab_size=64"
+    base = dict(root=str(tmp_path), model=small_vocab, batch_size=2, seq_len=16, total_batch_size=32,
+                max_steps=4, warmup_steps=1, sample_every=0, init_from=str(tmp_path / "not-yet"), nproc=1)
+    check_settings({**base, "hellaswag_source": None})
+    with pytest.raises(ConfigError, match="hellaswag_every=.* needs the GPT-2 tokenizer's vocabulary"):
+        check_settings(base)  # the default HellaSwag source
+    check_settings({**base, "hellaswag_source": None, "hellaswag_every": 5})  # no file: nothing to score
+    with pytest.raises(ConfigError, match="warmup_steps=9 exceeds max_steps=4"):
+        check_settings({**base, "hellaswag_source": None, "warmup_steps": 9})
+    assert not any(tmp_path.iterdir())  # checking made nothing
+
+
+# the init stage's weight sources
+
+
+def _save_tiny_checkpoint(run_dir: Path, step: int, seed: int) -> Path:
+    from dataclasses import asdict
+
+    from gpt2.checkpoint import save_checkpoint
+    from gpt2.config import parse_model_spec
+    from gpt2.model import GPT
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    model = GPT.create(parse_model_spec(TINY_MODEL), seed=seed)
+    return save_checkpoint(run_dir, step, {"step": step, "model": model.state_dict(),
+                                           "model_config": asdict(model.config)}, model)
+
+
+def test_init_from_a_run_directory_is_its_newest_checkpoint_that_verifies(tmp_path):
+    """A run directory (it has a config.json, as a Hugging Face directory does) stands for its newest checkpoint
+    that verifies: the init stage records that checkpoint, by content, and hands its path to training."""
+    from gpt2.checkpoint import STATE_FILE
+    from tasks.init import CheckpointRecord, _existing_weights
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    run_dir = tmp_path / "run"
+    first = _save_tiny_checkpoint(run_dir, 3, seed=1)
+    (run_dir / "config.json").write_text("{}")  # gpt2.train writes one in every run directory
+    record = _existing_weights(str(run_dir), TINY_MODEL)
+    assert (record.source, record.path) == ("checkpoint", str(first.resolve()))
+    assert record.files == CheckpointRecord.of(first, TINY_MODEL).files
+
+    newer = _save_tiny_checkpoint(run_dir, 5, seed=2)  # training went on: a new identity
+    again = _existing_weights(str(run_dir), TINY_MODEL)
+    assert (again.path, again.files) == (str(newer.resolve()), CheckpointRecord.of(newer, TINY_MODEL).files)
+    assert again.content_digest() != record.content_digest()
+
+    state = newer / STATE_FILE  # a newer checkpoint that no longer verifies is skipped
+    state.write_bytes(bytes(b ^ 0xFF for b in state.read_bytes()))
+    assert _existing_weights(str(run_dir), TINY_MODEL) == record
+
+
+def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_path, monkeypatch):
+    import common.files
+    import gpt2.checkpoint
+    from gpt2.checkpoint import COMPLETE_MARKER, STATE_FILE, CheckpointError
+    from gpt2.weights import load_model
+    from tasks.init import _existing_weights
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    checkpoint = _save_tiny_checkpoint(tmp_path / "run", 2, seed=3)
+    hashed = []
+
+    def counting_sha256(path):
+        hashed.append(Path(path).name)
+        return common.files.sha256_file(path)
+
+    monkeypatch.setattr(gpt2.checkpoint, "sha256_file", counting_sha256)
+    for source in (checkpoint, tmp_path / "run"):  # the checkpoint itself, its run directory
+        for use in (load_model, lambda s: _existing_weights(str(s), TINY_MODEL)):
+            hashed.clear()
+            use(source)
+            assert sorted(hashed) == sorted(p.name for p in checkpoint.iterdir() if p.name != COMPLETE_MARKER), source
+
+    state = checkpoint / STATE_FILE
+    state.write_bytes(bytes(b ^ 0xFF for b in state.read_bytes()))  # same size, other content
+    with pytest.raises(CheckpointError, match="content differs from the sha256"):
+        _existing_weights(str(checkpoint), TINY_MODEL)
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint that verifies"):
+        _existing_weights(str(tmp_path / "run"), TINY_MODEL)
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "llmc", "hf"])
+def test_init_from_weights_of_another_shape_is_refused_naming_both(tmp_path, kind):
+    from gpt2.hf import export_hf
+    from gpt2.llmc import write_model_file
+    from gpt2.config import parse_model_spec
+    from gpt2.model import GPT
+    from tasks.init import _existing_weights
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    wider = TINY_MODEL.replace("n_embd=32", "n_embd=48")
+    model = GPT.create(parse_model_spec(TINY_MODEL), seed=4)
+    if kind == "checkpoint":
+        source = _save_tiny_checkpoint(tmp_path / "run", 1, seed=4)
+    elif kind == "llmc":
+        source = write_model_file(model, tmp_path / "model.bin")
+    else:
+        source = export_hf(model, tmp_path / "hf")
+    assert _existing_weights(str(source), TINY_MODEL).source == kind  # its own shape is accepted
+    with pytest.raises(ValueError, match=rf"init_from {source} holds model .*n_embd=32.*, but model='{wider}' is "
+                                         r".*n_embd=48.*; set model to the source's shape"):
+        _existing_weights(str(source), wider)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the deployments as written in prefect.yaml
 
