@@ -38,7 +38,8 @@ install)
     [[ $# -ge 3 ]] || { usage >&2; exit 2; }
     SITE=${4:-/tmp/gpu-extra}
     rm -rf "$SITE" && mkdir -p "$SITE"
-    parts=$(ls "$2"/*.part.* "$3"/*.part.* | sort)  # .part.aa, .part.ab, ... in order
+    # .part.aa, .part.ab, ... in the order of their names, wherever each folder is
+    parts=$(for part in "$2"/*.part.* "$3"/*.part.*; do echo "$(basename "$part") $part"; done | sort | cut -d' ' -f2)
     whole="$SITE/$(basename "${parts%%.part.*}")"
     cat $parts > "$whole"
     for wheel in "$2"/*.whl "$3"/*.whl "$whole"; do

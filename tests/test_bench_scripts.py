@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 STUB_PYTHON = f"""#!/usr/bin/env bash
@@ -45,13 +47,15 @@ def test_run_train_gpu_defaults_pass_gpt2_train_validation(tmp_path):
     validate(config, world_size=1)  # raises ConfigError naming what is wrong
 
 
-def test_gpu_extra_install_joins_split_wheels_and_merges_shared_folders(tmp_path):
-    """`bench/gpu_extra.sh install` rebuilds a wheel split over two transfers and unpacks every wheel into
-    one directory, also where two wheels fill the same package folder (what pip's --target gets wrong);
-    the PYTHONPATH it prints makes the package importable, as nvidia-cutlass-dsl's .pth would."""
+@pytest.mark.parametrize("folders", [("a", "b"), ("z", "y")])  # the second: the paths sort against the parts
+def test_gpu_extra_install_joins_split_wheels_and_merges_shared_folders(tmp_path, folders):
+    """`bench/gpu_extra.sh install` rebuilds a wheel split over two transfers, the parts joined in the
+    order of their names wherever each folder lies, and unpacks every wheel into one directory, also where
+    two wheels fill the same package folder (what pip's --target gets wrong); the PYTHONPATH it prints
+    makes the package importable, as nvidia-cutlass-dsl's .pth would."""
     import zipfile
 
-    a, b, site = tmp_path / "a", tmp_path / "b", tmp_path / "site"
+    a, b, site = tmp_path / folders[0], tmp_path / folders[1], tmp_path / "site"
     a.mkdir(), b.mkdir()
     cutlass = "nvidia_cutlass_dsl/dsl_packages/cutlass"
     big = tmp_path / "nvidia_cutlass_dsl_libs_cu13-4.7.1-cp312-cp312-manylinux_2_28_x86_64.whl"
