@@ -257,6 +257,46 @@ def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     return rows
 
 
+# quack's SM90 tile shapes (its autotuner's candidates, ping-pong and cooperative) in both cluster layouts
+QUACK_SM90_TILES = ((128, 192, True), (128, 128, True), (128, 160, True), (128, 208, True), (192, 128, True),
+                    (128, 224, False), (128, 256, False), (256, 128, False), (256, 160, False), (256, 192, False))
+
+
+def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
+    """quack's two MLP GEMMs at each candidate config, one compile (a few seconds) each: the sweep
+    behind the configs kernels/mlp.py pins (quack's own autotuner takes minutes at these shapes)."""
+    import kernels.mlp as mlp
+    from quack.gemm_config import GemmConfig
+
+    quack = mlp._load_quack()
+    if quack is None:
+        return []
+    C = cfg.n_embd
+    g = torch.Generator(device="cuda").manual_seed(5)
+    h, dy = (torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    w_fc_t, w_proj = (0.02 * torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)
+                      for s in ((C, 4 * C), (C, 4 * C)))
+    b_fc = torch.zeros(4 * C, device="cuda", dtype=torch.bfloat16)
+    pre, _ = quack.gemm_act(h, w_fc_t, bias=b_fc, activation=mlp.GELU, config=quack.act_config)
+    dgelu_out = {"D": torch.empty_like(pre), "postact": torch.empty_like(pre)}
+    floor = _floor_ms(2 * N * C * 4 * C, 0, ceil)
+    rows = []
+    for tile_m, tile_n, pingpong in QUACK_SM90_TILES:
+        for cluster_m, cluster_n in ((2, 1), (1, 2)):
+            config = GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=cluster_m,
+                                cluster_n=cluster_n, is_dynamic_persistent=False, device_capacity=9)
+            name = f"{tile_m}x{tile_n} {'ping-pong' if pingpong else 'cooperative'}, cluster {cluster_m}x{cluster_n}"
+            act = lambda config=config: quack.gemm_act(h, w_fc_t, bias=b_fc, activation=mlp.GELU, config=config)
+            dgelu = lambda config=config: quack.dgelu_dbias(dy, w_proj, pre, out=dgelu_out, config=config,
+                                                                 dynamic_scheduler=True)
+            for op, fn in (("c_fc fwd + GELU (gemm_act)", act), ("c_proj dX + GELU bwd + c_fc dbias", dgelu)):
+                try:
+                    rows.append(KernelTiming(op, name, *timed(fn), floor))
+                except Exception as e:  # noqa: BLE001 - some tile shapes do not fit; the sweep goes on
+                    print(f"{op}, {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    return rows
+
+
 def bench_adamw(cfg: GPTConfig, ceil: Ceilings) -> list[KernelTiming]:
     """One AdamW step over the model's parameters: torch's fused (one kernel) vs foreach."""
     from gpt2.model import GPT
@@ -279,7 +319,7 @@ def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...]) -> tupl
     rows = []
     for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows), lambda: bench_add_layernorm(cfg, B * T, ceil),
                   lambda: bench_attention(cfg, B, T, ceil), lambda: bench_mlp(cfg, B * T, ceil),
-                  lambda: bench_adamw(cfg, ceil)):
+                  lambda: bench_mlp_gemm_configs(cfg, B * T, ceil), lambda: bench_adamw(cfg, ceil)):
         try:
             rows += bench()
         except Exception:  # noqa: BLE001 - one op's failure must not cost the other rows of a scarce GPU run

@@ -2,14 +2,16 @@
 
     forward:   pre, post = h @ W_fcᵀ + b_fc, gelu(pre)      one GEMM writes both (quack gemm_act)
                y = post @ W_projᵀ (+ b_proj)                cuBLAS
-    backward:  dpre, post = (dy @ W_proj) ∘ gelu'(pre), gelu(pre)
-                                                           one GEMM, reading pre in its epilogue (gemm_dact)
-               dW_proj = dyᵀ post;  dW_fc = dpreᵀ h;  dh = dpre W_fc;  db = column sums   cuBLAS / torch
+    backward:  dpre, post, db_fc = (dy @ W_proj) ∘ gelu'(pre), gelu(pre), Σ_rows dpre
+                                                           one GEMM, reading pre in its epilogue and
+                                                           summing dpre's columns there (dgelu_dbias)
+               dW_proj = dyᵀ post;  dW_fc = dpreᵀ h;  dh = dpre W_fc     cuBLAS, weight grads out in fp32
 
 Inductor runs the GELU as separate passes over the (B·T, 4C) activations: forward reads pre and writes
 post, backward writes dpost from the matmul and reads it back with pre. Inside the GEMMs those passes
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
-docs/benchmarks.md). Only pre is kept for backward; gemm_dact rebuilds post, which dW_proj needs.
+docs/benchmarks.md), and so does the c_fc bias gradient's column-sum pass. Only pre is kept for
+backward; the backward GEMM rebuilds post, which dW_proj needs.
 
 `configure_mlp` turns the op on for CUDA where quack-kernels (an optional GPU dependency, Hopper and
 newer) is installed and agrees with the reference; elsewhere the fused model keeps the plain MLP, which
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +34,21 @@ GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="
 _gelu_epilogue_on_cuda = False
 
 
+class QuackGemms(NamedTuple):
+    gemm_act: Callable  # quack.gemm_interface.gemm_act
+    dgelu_dbias: Callable  # quack.epilogue.library.dgelu_dbias_mod: D = dpre, postact = gelu(pre), dbias
+    act_config: object  # the quack.gemm_config.GemmConfig each is pinned to
+    dgelu_dbias_config: object
+
+
 @functools.cache
-def _load_quack():
-    """quack's (gemm_act, gemm_dact), or None where it is not installed or the GPU predates Hopper
-    (asked only once quack imports: a machine without it may have no GPU at all)."""
+def _load_quack() -> QuackGemms | None:
+    """quack's GEMMs with their pinned configs, or None where quack is not installed or the GPU
+    predates Hopper (asked only once quack imports: a machine without it may have no GPU at all)."""
     try:
-        from quack.gemm_interface import gemm_act, gemm_dact
+        from quack.epilogue.library import dgelu_dbias_mod
+        from quack.gemm_config import GemmConfig
+        from quack.gemm_interface import gemm_act
     except ImportError:
         return None
     if torch.cuda.get_device_capability()[0] < 9:
@@ -44,7 +56,12 @@ def _load_quack():
     # quack 0.6.5 keys its compile cache on everything an epilogue's code refers to and refuses what it
     # cannot fingerprint; with nvidia-cutlass-dsl 4.7 that includes cutlass's logger, which changes no math
     logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
-    return gemm_act, gemm_dact
+    # The fastest of bench_kernels' sweep (`--mlp-configs`) at d12's shape on an H100: quack's autotuner
+    # takes minutes, its untuned default (128 x 192 ping-pong, cluster 2 x 1) ran 0.48 and 0.74 ms a call
+    # against these 0.45 and 0.69 (2026-11-23); both are valid at any shape
+    sm90 = dict(pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False, device_capacity=9)
+    return QuackGemms(gemm_act, dgelu_dbias_mod, act_config=GemmConfig(tile_m=128, tile_n=192, **sm90),
+                      dgelu_dbias_config=GemmConfig(tile_m=128, tile_n=128, **sm90))
 
 
 def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
@@ -96,8 +113,9 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
     b_proj = b_proj.to(act_dtype) if b_proj is not None else None
     if not h.is_cuda:
         return mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
-    gemm_act, _ = _load_quack()
-    pre, post = gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False)  # (N, 4C)
+    quack = _load_quack()
+    pre, post = quack.gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True,
+                               config=quack.act_config)  # (N, 4C) each
     y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)
     return y, pre
 
@@ -115,10 +133,11 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, w_fc: torch.T
     dtype = pre.dtype
     if not dy.is_cuda:
         return mlp_reference_bwd(dy, h, pre, w_fc, w_proj, has_proj_bias)
-    _, gemm_dact = _load_quack()
-    w_fc, w_proj, dy, h = w_fc.to(dtype), w_proj.to(dtype), dy.to(dtype), h.to(dtype)
-    dpre, post = gemm_dact(dy, w_proj, pre, activation=GELU, tuned=False)  # (N, 4C) each
-    return _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias)
+    quack = _load_quack()
+    w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), h.to(dtype)
+    out = quack.dgelu_dbias(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
+                            config=quack.dgelu_dbias_config, dynamic_scheduler=True)  # (N, 4C), (N, 4C), (4C,)
+    return _weight_grads(dy, h, out["D"], out["postact"], out["dbias"].to(w_fc.dtype), w_fc, has_proj_bias)
 
 
 @_mlp_bwd.register_fake
@@ -128,12 +147,20 @@ def _(dy, h, pre, w_fc, w_proj, has_proj_bias):
             w_fc.new_empty(w_proj.shape), w_fc.new_empty(n_proj_bias))
 
 
-def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias):
-    """The matmul and column-sum gradients shared by the quack path and the reference."""
-    dtype = w_fc.dtype  # the parameters' (fp32 in training): bias sums accumulate in it
+def _weight_grads(dy, h, dpre, post, db_fc, w_fc, has_proj_bias):
+    """The matmul gradients (and c_proj's bias sum) shared by the quack path and the reference."""
+    dtype = w_fc.dtype  # the parameters' (fp32 in training): weight grads come out, bias sums accumulate in it
     dh = dpre @ w_fc.to(dpre.dtype)  # (N, C)
     db_proj = dy.sum(0, dtype=dtype) if has_proj_bias else dy.new_empty(0, dtype=dtype)
-    return dh, (dpre.t() @ h).to(dtype), dpre.sum(0, dtype=dtype), (dy.t() @ post).to(dtype), db_proj
+    return dh, _matmul_out(dpre.t(), h, dtype), db_fc, _matmul_out(dy.t(), post, dtype), db_proj
+
+
+def _matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """a @ b in dtype. On CUDA a bf16 product comes out of the matmul's fp32 accumulator as fp32 itself:
+    neither rounded to bf16 first nor cast by a separate pass (CPU has no such kernel)."""
+    if a.is_cuda and dtype == torch.float32 and a.dtype != dtype:
+        return torch.mm(a, b, out_dtype=dtype)
+    return (a @ b).to(dtype)
 
 
 def _setup_context(ctx, inputs, output):
@@ -170,4 +197,5 @@ def mlp_reference_bwd(dy, h, pre, w_fc, w_proj, has_proj_bias):
     dgelu = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x)
     dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
     post = (0.5 * x * (1 + t)).to(pre.dtype)
-    return _weight_grads(dy.to(pre.dtype), h.to(pre.dtype), dpre, post, w_fc, has_proj_bias)
+    db_fc = dpre.sum(0, dtype=w_fc.dtype)
+    return _weight_grads(dy.to(pre.dtype), h.to(pre.dtype), dpre, post, db_fc, w_fc, has_proj_bias)
