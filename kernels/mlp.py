@@ -46,17 +46,19 @@ def _load_quack() -> QuackGemms | None:
     """quack's GEMMs with their pinned configs, or None where quack is not installed or the GPU
     predates Hopper (asked only once quack imports: a machine without it may have no GPU at all)."""
     try:
-        from quack.epilogue.library import dgelu_dbias_mod
-        from quack.gemm_config import GemmConfig
         from quack.gemm_interface import gemm_act
     except ImportError:
         return None
     if torch.cuda.get_device_capability()[0] < 9:
         return None
     # quack 0.6.5 keys its compile cache on everything an epilogue's code refers to and refuses what it
-    # cannot fingerprint; with nvidia-cutlass-dsl 4.7 that includes cutlass's logger, which changes no math
+    # cannot fingerprint; with nvidia-cutlass-dsl 4.7 that includes cutlass's logger, which changes no math.
+    # Its epilogue library fingerprints on import, hence the key first.
     logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
-    # The fastest of bench_kernels' sweep (`--mlp-configs`) at d12's shape on an H100: quack's autotuner
+    from quack.epilogue.library import dgelu_dbias_mod
+    from quack.gemm_config import GemmConfig
+
+    # The fastest of bench_kernels.py's sweep (bench_mlp_gemm_configs) at d12's shape on an H100: quack's autotuner
     # takes minutes, its untuned default (128 x 192 ping-pong, cluster 2 x 1) ran 0.48 and 0.74 ms a call
     # against these 0.45 and 0.69 (2026-11-23); both are valid at any shape
     sm90 = dict(pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False, device_capacity=9)
