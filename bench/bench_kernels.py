@@ -232,7 +232,7 @@ def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     g = torch.Generator(device="cuda").manual_seed(4)
     h = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
     dy = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
-    w_fc, b_fc, w_proj = (0.02 * torch.randn(*s, device="cuda", generator=g).requires_grad_()
+    w_fc, b_fc, w_proj = ((0.02 * torch.randn(*s, device="cuda", generator=g)).requires_grad_()  # leaves
                           for s in ((4 * C, C), (4 * C,), (C, 4 * C)))
     floor = _floor_ms(3 * 2 * 2 * N * C * 4 * C, 0, ceil)  # two matmuls, forward and two backward each
 
@@ -277,7 +277,7 @@ def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[Kerne
     w_fc_t, w_proj = (0.02 * torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)
                       for s in ((C, 4 * C), (C, 4 * C)))
     b_fc = torch.zeros(4 * C, device="cuda", dtype=torch.bfloat16)
-    pre, _ = quack.gemm_act(h, w_fc_t, bias=b_fc, activation=mlp.GELU, config=quack.act_config)
+    pre, _ = quack.gemm_act(h, w_fc_t, bias=b_fc, activation=mlp.GELU, tuned=False)
     dgelu_out = {"D": torch.empty_like(pre), "postact": torch.empty_like(pre)}
     floor = _floor_ms(2 * N * C * 4 * C, 0, ceil)
     rows = []

@@ -37,8 +37,7 @@ _gelu_epilogue_on_cuda = False
 class QuackGemms(NamedTuple):
     gemm_act: Callable  # quack.gemm_interface.gemm_act
     dgelu_dbias: Callable  # quack.epilogue.library.dgelu_dbias_mod: D = dpre, postact = gelu(pre), dbias
-    act_config: object  # the quack.gemm_config.GemmConfig each is pinned to
-    dgelu_dbias_config: object
+    dgelu_dbias_config: object  # the quack.gemm_config.GemmConfig it is pinned to
 
 
 @functools.cache
@@ -58,12 +57,13 @@ def _load_quack() -> QuackGemms | None:
     from quack.epilogue.library import dgelu_dbias_mod
     from quack.gemm_config import GemmConfig
 
-    # The fastest of bench_kernels.py's sweep (bench_mlp_gemm_configs) at d12's shape on an H100: quack's autotuner
-    # takes minutes, its untuned default (128 x 192 ping-pong, cluster 2 x 1) ran 0.48 and 0.74 ms a call
-    # against these 0.45 and 0.69 (2026-11-23); both are valid at any shape
-    sm90 = dict(pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False, device_capacity=9)
-    return QuackGemms(gemm_act, dgelu_dbias_mod, act_config=GemmConfig(tile_m=128, tile_n=192, **sm90),
-                      dgelu_dbias_config=GemmConfig(tile_m=128, tile_n=128, **sm90))
+    # quack's autotuner takes minutes at these shapes. bench_kernels.py's sweep (bench_mlp_gemm_configs) at
+    # d12's shape on an H100 (2026-11-23): for the backward GEMM 128 x 128 ping-pong, cluster 1 x 2 was the
+    # fastest (0.76 ms against 0.82 for quack's untuned default, 128 x 192 cluster 2 x 1); for gemm_act the
+    # default was within noise of the best, so it keeps it. A config is valid at any shape.
+    return QuackGemms(gemm_act, dgelu_dbias_mod, dgelu_dbias_config=GemmConfig(
+        tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False,
+        device_capacity=9))
 
 
 def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
@@ -116,8 +116,7 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
     if not h.is_cuda:
         return mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
     quack = _load_quack()
-    pre, post = quack.gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True,
-                               config=quack.act_config)  # (N, 4C) each
+    pre, post = quack.gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False)  # (N, 4C)
     y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)
     return y, pre
 
