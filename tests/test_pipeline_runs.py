@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.fixtures.corruptions import CORRUPTIONS
+from tests.fixtures.processes import wait_for
 from tests.fixtures.train.tiny import read_metrics
 from tests.test_pipeline_flows import run_flow, smoke_params, states, task_runs, tensorboard_scalars
 
@@ -91,6 +92,36 @@ def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smo
             entry = json.loads((run_dir / "evaluations" / f"step_{step:08d}.json").read_text())
             assert entry["checkpoint"].startswith(str(run_dir)), entry["checkpoint"]
         assert [s for s, _ in tensorboard_scalars(run_dir, "eval/val_loss")] == steps, name
+
+
+def test_scheduled_evaluation_skips_a_checkpoint_that_fails_verification(smoke, tmp_path):
+    """docs/pipeline.md: the scan evaluates every checkpoint that verifies and files nothing for one that
+    does not (here the final one, 1 KiB of state.pt overwritten: same size, so only its hash tells), with a
+    warning naming it; the scan itself completes."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.pipeline import gpt2_evaluate
+    from gpt2.checkpoint import list_checkpoints
+
+    file_name, corrupt = CORRUPTIONS["state.pt overwritten (1 KiB)"]
+    _, _, first = smoke
+    run_dir = tmp_path / "runs" / "damaged"
+    shutil.copytree(Path(first["train"].run_dir), run_dir, ignore=shutil.ignore_patterns("evaluations", "tensorboard", "LOCK"))
+    (*good, (final_step, final)) = list_checkpoints(run_dir)
+    corrupt(final / file_name)
+
+    flow_run_id, rows = run_flow(gpt2_evaluate, str(run_dir.parent))
+    assert isinstance(rows, list), f"the scan failed: {rows!r}"
+    assert [r["step"] for r in rows] == [step for step, _ in good] and good
+    assert not (run_dir / "evaluations" / f"step_{final_step:08d}.json").exists()
+    assert [s for s, _ in tensorboard_scalars(run_dir, "eval/val_loss")] == [step for step, _ in good]
+
+    def warning_logged() -> list[str]:  # the server receives run logs in batches, shortly after
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        return [log.message for log in logs if "not evaluated" in log.message and str(final) in log.message]
+    assert wait_for(warning_logged, timeout_s=30)
 
 
 def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tmp_path):
