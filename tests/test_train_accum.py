@@ -29,8 +29,12 @@ def test_grad_accum_2x_b2_equals_grad_accum_1x_b4(tmp_path):
     initial = GPT.create(parse_model_spec(TINY_MODEL), seed=big.seed).state_dict()
     qkv = "transformer.h.0.attn.c_attn.weight"
     assert not torch.equal(big_params[qkv], initial[qkv])  # the runs trained
+    # AdamW divides by sqrt(v), so where a gradient is near zero the last bits of a different summation order
+    # (two micro-batches added in fp32 against one batch) move a parameter by up to a few 1e-6 over these
+    # 5 steps at lr 1e-3 (1.4e-6, one element of 3072, on one CPU model); the second micro-batch at half
+    # weight still fails this check at the first tensor, with the loss check above switched off
     for name, value in big_params.items():
-        torch.testing.assert_close(accum_params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(accum_params[name], value, rtol=1e-5, atol=1e-5, msg=name)
 
 
 class _FixedBatches:
