@@ -264,7 +264,8 @@ QUACK_SM90_TILES = ((128, 192, True), (128, 128, True), (128, 160, True), (128, 
 
 def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     """quack's two MLP GEMMs at each candidate config, one compile (a few seconds) each: the sweep
-    behind the configs kernels/mlp.py pins (quack's own autotuner takes minutes at these shapes)."""
+    behind the backward GEMM's config that kernels/mlp.py pins (quack's own autotuner takes minutes at
+    these shapes)."""
     import kernels.mlp as mlp
     from quack.gemm_config import GemmConfig
 

@@ -24,7 +24,8 @@ from kernels._triton import jit, next_power_of_2, tl, use_triton
 
 # (16384, 50304) bf16 logits = 1.6 GB. Against 8192 rows: d12's classifier forward + backward 29.3 against
 # 30.5 ms per micro-step on an H100 (bench_kernels, 2026-11-23; fewer, larger dW and dx matmuls), for
-# 1.6 GB more, which the bf16 residual stream freed
+# 1.6 GB more at the peak: d12 at B=64 20.5 GB with the gpu extra's MLP (which keeps only its
+# pre-activation), about 25.4 without it (23.8 measured at 8192 rows, plus the 1.6)
 DEFAULT_CHUNK_ROWS = 16384
 # rows kernel launch: columns per block, warps. 2048 x 4 measured 0.71 ms per 8192-row chunk on an H200
 # against 0.75 for 4096 x 8, and 0.90 against 0.89 on an H100 (bench_kernels sweeps the others)

@@ -157,11 +157,12 @@ def _weight_grads(dy, h, dpre, post, db_fc, w_fc, has_proj_bias):
 
 
 def _matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """a @ b in dtype. On CUDA a bf16 product comes out of the matmul's fp32 accumulator as fp32 itself:
-    neither rounded to bf16 first nor cast by a separate pass (CPU has no such kernel)."""
+    """a @ b in dtype, never rounded to a's dtype first: on CUDA a bf16 product comes out of the matmul's
+    fp32 accumulator as fp32 itself (no separate cast pass); CPU has no such kernel and multiplies the
+    same values in dtype, as kernels.cross_entropy.accumulate_dw does."""
     if a.is_cuda and dtype == torch.float32 and a.dtype != dtype:
         return torch.mm(a, b, out_dtype=dtype)
-    return (a @ b).to(dtype)
+    return a.to(dtype) @ b.to(dtype)
 
 
 def _setup_context(ctx, inputs, output):

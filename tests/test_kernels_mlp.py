@@ -76,7 +76,7 @@ def test_ops_pass_opcheck():
 
 @pytest.mark.gpu
 def test_gelu_epilogue_on_gpu():
-    """quack's gemm_act / dgelu_dbias at their pinned configs (where installed) against the fp32 reference,
+    """quack's gemm_act and dgelu_dbias (its pinned config; where installed) against the fp32 reference,
     d12's width; the c_fc bias gradient summed in the epilogue included."""
     name = mlp_op.configure_mlp(torch.bfloat16, "cuda")
     try:
