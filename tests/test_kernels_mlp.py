@@ -109,3 +109,17 @@ def test_without_quack_the_fused_model_keeps_the_plain_mlp():
     assert mlp_op.configure_mlp(torch.bfloat16, "cpu") == "inductor-gelu"
     assert not mlp_op.gelu_epilogue_enabled(torch.device("cuda"))
     assert mlp_op.gelu_epilogue_enabled(torch.device("cpu"))
+
+
+def test_weight_gradients_are_not_rounded_to_the_activation_dtype():
+    """docs/kernels.md: the weight gradients come out in the parameters' fp32, the bf16 product never rounded
+    first (on CPU the same values multiplied in fp32, as the CUDA matmul's fp32 output gives them)."""
+    C = 16
+    w_fc, _, w_proj, _ = (t.float() for t in weights(C))
+    g = torch.Generator().manual_seed(5)
+    h, dy = (torch.randn(64, C, generator=g).bfloat16() for _ in range(2))
+    pre = F.linear(h, w_fc.bfloat16())
+    _, dw_fc, _, dw_proj, _ = mlp_op.mlp_reference_bwd(dy, h, pre, w_fc, w_proj, False)
+    assert dw_fc.dtype == dw_proj.dtype == torch.float32
+    for dw in (dw_fc, dw_proj):
+        assert not torch.equal(dw, dw.bfloat16().float())  # values finer than bf16 holds
