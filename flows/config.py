@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+from common.files import check_name
 
 from data.hellaswag import HELLASWAG_VAL_URL
 from gpt2.train_config import WIRED_FIELDS, TrainConfig
@@ -33,14 +35,14 @@ class _PipelineFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    root: str = Field("artifacts", description="every output goes under this folder")
-    run_name: str = Field("gpt2-124m", description="runs go to root/runs/<run_name>/<run id>/")
+    root: str = Field("artifacts", description="every output goes under this folder (a path)")
+    run_name: str = Field("gpt2-124m", description="runs go to root/runs/<run_name>/<run id>/ (a name, not a path)")
     # documents and shards
     source: str = Field("HuggingFaceFW/fineweb",
                         description="hub dataset id, or a local folder/file of parquet/jsonl documents (offline)")
     source_config: Optional[str] = Field("sample-10BT", description="hub dataset config; null for a local source")
     limit: Optional[int] = Field(None, ge=1, description="use only the first `limit` documents")
-    dataset: str = Field("fineweb10B", description="shard name prefix and folder name")
+    dataset: str = Field("fineweb10B", description="shard name prefix and folder name (a name, not a path)")
     shard_size: int = Field(10**8, ge=1, description="tokens per shard")
     tokenize_workers: Optional[int] = Field(None, ge=1, description="tokenizer processes (default: all cores)")
     hellaswag_source: Optional[str] = Field(HELLASWAG_VAL_URL, description="URL or local jsonl; null: no HellaSwag")
@@ -58,6 +60,12 @@ class _PipelineFields(BaseModel):
     # final evaluation and samples (prompt and length: the training settings sample_prompt, sample_tokens)
     eval: EvalSettings = Field(EvalSettings(), description="how checkpoints are evaluated")
     num_samples: int = Field(4, ge=1, description="samples of the final checkpoint")
+
+    @field_validator("run_name", "dataset")
+    @classmethod
+    def _a_name_not_a_path(cls, value: str, info: Any) -> str:
+        """Names become folder names under `root`: refuse anything that would climb out of it."""
+        return check_name(value, info.field_name)
 
 
 def _training_fields() -> dict[str, Any]:

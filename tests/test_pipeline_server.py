@@ -180,6 +180,8 @@ def test_one_parameter_overrides_the_deployment_and_keeps_its_other_values(serve
     (["--param", "warmup_steps=50"], "warmup_steps=50 exceeds max_steps=20"),
     (["--param", "max_steps=ten"], "max_steps"),
     (["--param", "max_stepz=5"], "max_stepz"),
+    (["--param", "run_name=../../escape"], "run_name: Value error, run_name must be a plain name"),
+    (["--param", "dataset=../../../../tmp/x"], "dataset: Value error, dataset must be a plain name"),
 ])
 def test_bad_setting_fails_the_run_before_any_stage_naming_it(server, worker, args, message):
     result = server.prefect("deployment", "run", "gpt2-pretrain/smoke", "--param", "run_name=bad", *args, check=False)

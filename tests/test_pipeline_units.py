@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -239,6 +240,17 @@ def test_flow_start_checks_training_settings_before_their_files_exist(tmp_path):
     with pytest.raises(ConfigError, match="warmup_steps=9 exceeds max_steps=4"):
         check_settings({**base, "hellaswag_source": None, "warmup_steps": 9})
     assert not any(tmp_path.iterdir())  # checking made nothing
+
+
+@pytest.mark.parametrize("name, value", [("run_name", "../../escape"), ("run_name", "/tmp/elsewhere"),
+                                         ("run_name", ".."), ("dataset", "../../../../tmp/x"), ("dataset", "a/b")])
+def test_names_that_would_climb_out_of_root_are_refused_naming_the_parameter(name, value):
+    """run_name and dataset become folder names under root: a separator, `..` or an absolute path is refused
+    by the settings check, before anything is written."""
+    from flows.config import SettingsError, check_settings
+
+    with pytest.raises(SettingsError, match=f"{name}: .*must be a plain name.*got '{re.escape(value)}'"):
+        check_settings({name: value, "hellaswag_source": None, "nproc": 1})
 
 
 # the init stage's weight sources
