@@ -13,17 +13,22 @@ stage itself even when its cached output is valid. Every flow validates all its 
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.context import FlowRunContext
 from prefect.futures import PrefectFuture
+from prefect.runtime import flow_run
+from prefect.states import Cancelled
 
 from flows.config import PipelineSettings, check_settings, merge_with_deployment, settings_parameters
 from gpt2.run_dir import RunDir
 from tasks.cache import StageRecord
+from tasks.cancel_watch import cancel_requested
 from tasks.download import download_documents
 from tasks.export import export_hf
 from tasks.evaluate import EvalSettings, evaluate_checkpoint, evaluate_run
@@ -116,7 +121,23 @@ def _results(futures: dict[str, Future]) -> dict[str, StageRecord | None]:
     return {name: None if future is None else future.result() for name, future in futures.items()}
 
 
+def ends_cancelled(body: Callable[..., Any]) -> Callable[..., Any]:
+    """A flow body whose work was stopped because its run was cancelled (tasks.cancel_watch) returns Prefect's
+    Cancelled state, so the run ends Cancelled rather than Failed; any other exception propagates."""
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return body(*args, **kwargs)
+        except Exception:
+            if not cancel_requested(flow_run.get_id()):
+                raise
+            return Cancelled(message="Flow run was cancelled: its work was stopped and no later stage ran.")
+
+    return run
+
+
 @flow(name="gpt2-pretrain", log_prints=True)
+@ends_cancelled
 @settings_parameters()
 def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
     """Every stage: download -> tokenize, HellaSwag, init -> train -> final evaluation and samples."""
@@ -165,6 +186,7 @@ def run_stage(settings: PipelineSettings, stage: str, force: bool = False) -> di
 def _stage_flow(stage: str, name: str | None = None):
     force_parameter = inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool)
 
+    @ends_cancelled
     @settings_parameters(extra=(force_parameter,))
     def stage_flow(force: bool = False, **parameters: Any) -> dict[str, StageRecord | None]:
         settings = resolved_settings(parameters)

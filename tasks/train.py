@@ -22,7 +22,8 @@ from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
-from tasks.launch import CommandFailed, Rendezvous, run_streaming, torchrun_command, visible_gpus
+from tasks.cancel_watch import watch_for_cancellation
+from tasks.launch import CommandFailed, Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
 from tasks.retry import TransientError, retry_if_transient
 from tasks.tokenize import ShardsRecord
@@ -125,7 +126,8 @@ def train(
 
     cmd = torchrun_command("gpt2.train", ["--config", str(run_dir.launch_config)], nproc, rendezvous, run_id=run_id)
     try:
-        run_streaming(cmd, on_line)
+        with watch_for_cancellation(stop=stop_all):  # a cancel the worker no longer sees still stops training
+            run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
         raise TransientError(str(e)) from e
     progress.poll(now=True)

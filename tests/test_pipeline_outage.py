@@ -1,0 +1,90 @@
+"""A cancel after a server outage still stops training, through a real Prefect server, worker and CLI.
+
+The server is SIGKILLed mid-training and kept down for over a minute -- long enough for the worker's
+cancellation observers to give up ("Cancellation observer failed") -- then restarted on the same database.
+Training goes on through the outage; `prefect flow-run cancel` afterwards (what the UI's button does) stops
+it within a minute, no later stage runs, and the run ends Cancelled (tasks/cancel_watch.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.fixtures.processes import free_port, training_processes, wait_for
+from tests.test_pipeline_server import (LONG_TRAINING, PREFECT, Server, _healthy, _wait_until, copy_tree,
+                                        task_states, wait_for_final_state)
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 65  # over a minute: the worker's websocket and polling observers both give up within it
+CANCEL_DEADLINE_S = 60
+
+
+class RestartableServer(Server):
+    """A Prefect server on a fixed port and database that can be killed and started again."""
+
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.logs / "server.log", "a") as log:
+            self.proc = subprocess.Popen(
+                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", self.env["PREFECT_API_URL"].split(":")[-1]
+                 .split("/")[0]], cwd=self.tree, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        _wait_until(lambda: _healthy(self.env["PREFECT_API_URL"]), 180, "the server to answer")
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    tree = copy_tree(tmp_path / "tree")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api",
+               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    (tmp_path / "logs").mkdir()
+    s = RestartableServer(tree, env, tmp_path / "logs")
+    s.start()
+    try:
+        s.prefect("work-pool", "create", "gpt2-local", "--type", "process", "--overwrite")
+        s.prefect("--no-prompt", "deploy", "--all")
+        yield s
+    finally:
+        if s.proc.poll() is None:
+            os.killpg(s.proc.pid, signal.SIGTERM)
+            s.proc.wait(timeout=60)
+
+
+def test_a_cancel_after_a_server_outage_of_over_a_minute_stops_training_and_every_later_stage(server):
+    worker = server.start_worker("outage")
+    try:
+        flow_run_id = server.run("gpt2-pretrain/smoke", "--param", "run_name=outage", *LONG_TRAINING)
+        _wait_until(lambda: len(training_processes("outage")) >= 2, 300, "training to start")
+
+        server.kill()
+        time.sleep(OUTAGE_S)
+        assert training_processes("outage"), "training must go on through a server outage"
+        server.start()
+        worker_log = server.logs / "worker-outage.log"
+        assert "Cancellation observer failed" in worker_log.read_text(), "the worker's observers did not give up"
+
+        started = time.monotonic()
+        server.prefect("flow-run", "cancel", flow_run_id)
+        wait_for(lambda: not training_processes("outage"), CANCEL_DEADLINE_S)
+        assert training_processes("outage") == [], f"training still runs {CANCEL_DEADLINE_S} s after the cancel"
+        assert time.monotonic() - started < CANCEL_DEADLINE_S
+
+        run = wait_for_final_state(server, flow_run_id, 120)
+        assert run["state"]["type"] == "CANCELLED", run["state"]
+        stages = task_states(server, flow_run_id)
+        assert stages["train"] != "Completed" and not {"evaluate", "sample", "export"} & set(stages), stages
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
