@@ -41,6 +41,19 @@ class DocumentError(ValueError):
     """A source row has no usable text; the message names the file (or dataset) and the row."""
 
 
+class EmptySource(DocumentError):
+    """A source that yields no documents: nothing to tokenize or train on; the message names the source."""
+
+
+def require_documents(num_documents: int, source: str | os.PathLike, config: str | None = None) -> int:
+    """`num_documents`, or EmptySource naming `source` when it is 0 (refused where it is found, not in training)."""
+    if num_documents == 0:
+        where = f"{source} (config {config})" if config else str(source)
+        raise EmptySource(f"{where} holds no documents: nothing to tokenize (0 documents, 0 tokens); "
+                          "point the source at a corpus with documents in it")
+    return num_documents
+
+
 # ---------------------------------------------------------------------------------------------------------
 # reading
 
@@ -327,6 +340,7 @@ def download(
                 progress(written, total)
     for stale in sorted(out_dir.glob("part_*.parquet"))[len(parts):]:  # a longer earlier stream's tail
         stale.unlink()
+    require_documents(written, source, identity.get("config"))  # a local source has no config
     write_json(manifest_path, {**identity, "num_documents": sum(p["num_documents"] for p in parts), "files": parts})
     progress_path.unlink()
     return out_dir

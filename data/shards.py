@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, source_identity
+from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, require_documents, source_identity
 from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
 from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
@@ -255,6 +255,7 @@ def build_shards(
     source: dict | None = None,
     replace: bool = False,
     progress: Callable[[int], None] | None = None,
+    source_name: str | None = None,
 ) -> dict:
     """Tokenize `documents` into llm.c shards in `out_dir`; return the manifest (also out_dir/manifest.json).
 
@@ -268,6 +269,7 @@ def build_shards(
     - a folder recorded for another identity or settings is refused (FileExistsError naming what
       differs), or, with `replace`, cleared and rebuilt.
     `progress(documents_done)` is called as tokenization goes. The output does not depend on `num_workers`.
+    No documents at all is refused (`EmptySource`, naming `source_name`, e.g. the path or dataset id).
     """
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
@@ -306,6 +308,7 @@ def build_shards(
                 progress(num_documents)
         if writer.fill:
             writer.flush(num_documents, 0)
+    require_documents(num_documents, source_name or f"the source of {out_dir}")
 
     manifest = {
         **settings,
@@ -343,6 +346,7 @@ def build_shards_from_source(
         source=identity,
         replace=replace,
         progress=progress,
+        source_name=str(source),
     )
 
 

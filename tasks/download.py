@@ -72,7 +72,7 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
         # the identity hashed each file already: its refs reuse those hashes instead of reading the corpus again
         files = zip(fineweb.local_files(path), identity["local"])
         refs = [FileRef.with_sha256(f, entry["sha256"]) for f, entry in files]
-        num_documents = fineweb.count_documents(path)
+        num_documents = fineweb.require_documents(fineweb.count_documents(path), source)
     else:
         report = progress_reporter(artifact_key("download-progress", Path(out_dir).parent.name),
                                    f"documents of {source} into {out_dir}")

@@ -67,7 +67,7 @@ def tokenize(
     source = {**json.loads(documents.identity), "limit": limit}
     build_shards(iter_documents(documents.path, limit=limit), Path(out_dir), name, shard_size=shard_size,
                  num_workers=num_workers, source=source, replace=True,
-                 progress=lambda done: report(done / total if total else 1.0))
+                 progress=lambda done: report(done / total if total else 1.0), source_name=documents.source)
     report(1.0)  # also when the folder was complete and verified, so no document was tokenized
     record = ShardsRecord.from_manifest(out_dir)
     create_table_artifact(

@@ -202,3 +202,17 @@ def test_bad_document_fails_naming_it_and_keeps_finished_shards(tmp_path):
     assert progress["shards"] and not (out / "manifest.json").exists()
     for record in progress["shards"]:  # what was written is complete and listed
         assert hashlib.sha256((out / record["file"]).read_bytes()).hexdigest() == record["sha256"]
+
+
+@pytest.mark.parametrize("module", ["data.shards", "data.fineweb"])
+def test_an_empty_corpus_is_refused_naming_it_and_writes_no_manifest(tmp_path, module):
+    """0 documents is an error where it is found (tokenize, download), not a 0-shard success that training
+    later reports as "run the tokenize stage"."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", module, "--source", str(empty), "--out", str(out)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert f"EmptySource: {empty} holds no documents: nothing to tokenize" in result.stderr, result.stderr[-2000:]
+    assert not (out / "manifest.json").exists()

@@ -372,3 +372,16 @@ def test_scheduled_evaluation_evaluates_each_checkpoint_exactly_once(smoke):
     assert [step for step, _ in val_events] == steps
     ledger = {r["step"]: r["val_loss"] for r in second_rows}
     assert all(value == pytest.approx(ledger[step]) for step, value in val_events)
+
+
+def test_an_empty_corpus_fails_the_download_stage_naming_it_and_is_not_retried(smoke, tmp_path):
+    from data.fineweb import EmptySource
+    from flows.pipeline import download_flow
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    flow_run_id, error = run_flow(download_flow, **{**smoke.params, "root": str(tmp_path), "source": str(empty),
+                                                    "dataset": "empty"})
+    assert isinstance(error, EmptySource) and f"{empty} holds no documents" in str(error), error
+    (run,) = task_runs(flow_run_id)["download"]
+    assert (run.state.name, run.run_count) == ("Failed", 1)
