@@ -4,27 +4,82 @@ hashing."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+# errnos of a full disk or an exhausted quota, and how Rust libraries (safetensors) spell them in messages
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_DISK_FULL_TEXTS = tuple(f"(os error {n})" for n in sorted(DISK_FULL_ERRNOS))
+
+
+class DiskFull(OSError):
+    """No space (or quota) left for a write. Waiting does not free space, so it is not retried; the message
+    names the path, the bytes the write needed and the bytes free."""
+
+    def __init__(self, path: str | os.PathLike, needed: int):
+        self.path, self.needed, self.free = Path(path), needed, free_bytes(path)
+        super().__init__(errno.ENOSPC, f"no space left on {path}: {needed:,} bytes needed, {self.free:,} free")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Bytes an unprivileged writer can still write on the filesystem of `path` (or of its nearest existing folder)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError whose errno says disk or quota full, or a library's error that wraps one."""
+    if isinstance(exc, OSError):
+        return exc.errno in DISK_FULL_ERRNOS
+    return any(text in str(exc) for text in _DISK_FULL_TEXTS)
+
+
+def require_free_space(path: str | os.PathLike, needed: int) -> None:
+    """DiskFull now, before anything is written, if `path`'s filesystem has less than `needed` bytes free."""
+    if free_bytes(path) < needed:
+        raise DiskFull(path, needed)
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def naming_disk_full(path: str | os.PathLike, needed: int | Callable[[], int]) -> Iterator[None]:
+    """Turn a disk-full error in the block, a write of `needed` bytes (or a callable giving them) to `path`,
+    into DiskFull."""
+    try:
+        yield
+    except Exception as e:
+        if is_disk_full(e) and not isinstance(e, DiskFull):
+            raise DiskFull(path, needed() if callable(needed) else needed) from e
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it to `path`, on error delete it.
 
-    A crash leaves at most a `*.tmp` file behind, never a half-written file under the final name.
+    A crash leaves at most a `*.tmp` file behind, never a half-written file under the final name. A full disk
+    raises DiskFull naming `path` and `size` (the bytes to be written; unknown: what was written until then).
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    written = size
+    with naming_disk_full(path, lambda: written or 0):  # outside the clean-up: the free space it reports is real
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            if written is None and tmp.exists():
+                written = tmp.stat().st_size
+            tmp.unlink(missing_ok=True)
 
 
 def check_name(value: str, what: str) -> str:
@@ -88,8 +143,9 @@ def remove_stale_tmp_dirs(directory: str | os.PathLike) -> None:
 def write_json(path: str | os.PathLike, obj: object) -> None:
     """Write `obj` as indented JSON, atomically (its folder created if missing)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    text = json.dumps(obj, indent=2) + "\n"
+    with atomic_path(path, size=len(text.encode())) as tmp:
+        tmp.write_text(text)
 
 
 def read_json(path: str | os.PathLike) -> dict:

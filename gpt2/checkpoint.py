@@ -2,9 +2,15 @@
 
 Inside a run directory (gpt2.run_dir), `checkpoints/step_00001000/` holds:
 
-    state.pt     model, optimizer, per-rank data-loader and RNG states, guard, step, config
-    model.bin    the same weights as an llm.c model file (gpt2.llmc)
-    COMPLETE     JSON marker, written last: {"step", "model_file_dtype", "files": {name: {"size", "sha256"}}}
+    state.safetensors  every tensor of the state: model, optimizer moments, torch RNG states
+    state.json         the rest as plain data: step, config, guard, per-rank data-loader and RNG states,
+                       each tensor's place given as {"$tensor": name in state.safetensors}
+    model.bin          the same weights as an llm.c model file (gpt2.llmc)
+    COMPLETE           JSON marker, written last: {"step", "model_file_dtype", "files": {name: {"size", "sha256"}}}
+
+Nothing in a checkpoint is unpickled: loading one cannot run code, whoever wrote the files (a sha256 in the
+marker shows they are intact, not that they are trustworthy). Checkpoints of the older pickled format
+(`state.pt`) are refused with the command that converts them (`python -m gpt2.checkpoint convert`).
 
 A checkpoint is assembled in a hidden temporary directory and renamed into place (common.files.
 atomic_directory), so a crash at any moment leaves either the whole checkpoint or none. A directory
@@ -15,22 +21,30 @@ without the marker is never used; one whose files differ from the sizes or hashe
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import random
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file as load_tensors
+from safetensors.torch import save_file as save_tensors
 
-from common.files import atomic_directory, read_json, remove_stale_tmp_dirs, sha256_file, write_json
+from common.files import (atomic_directory, naming_disk_full, read_json, remove_stale_tmp_dirs, require_free_space,
+                          sha256_file, write_json)
 from gpt2.config import GPTConfig, parse_model_spec
 from gpt2.model import GPT
 from gpt2.run_dir import RunDir
 
-STATE_FILE = "state.pt"
+TENSORS_FILE = "state.safetensors"
+DATA_FILE = "state.json"
+PICKLED_STATE_FILE = "state.pt"  # the older format: converted by `python -m gpt2.checkpoint convert`, never loaded
 MODEL_FILE = "model.bin"
 COMPLETE_MARKER = "COMPLETE"
 REJECTED_SUFFIX = ".rejected"  # a checkpoint that failed verification, set aside by the trainer (never used)
@@ -89,6 +103,16 @@ def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> dict[str,
     return marker
 
 
+def require_current_format(path: Path, marker: dict[str, Any]) -> dict[str, Any]:
+    """`marker`, or CheckpointError if the checkpoint is of the older pickled format, naming the command that
+    converts it (its files are intact: it is kept, for conversion, never loaded)."""
+    if PICKLED_STATE_FILE in marker["files"]:
+        raise CheckpointError(
+            f"{path} holds {PICKLED_STATE_FILE}, the older pickled checkpoint format, which is not loaded (unpickling "
+            f"can run code); convert it once with `python -m gpt2.checkpoint convert {path}`")
+    return marker
+
+
 def newest_valid_checkpoint(out_dir: str | os.PathLike) -> tuple[Path | None, list[RejectedCheckpoint]]:
     """The newest complete checkpoint that verifies (sizes and hashes), and the newer ones that did not."""
     rejected = []
@@ -125,18 +149,85 @@ def save_checkpoint(
     Then delete all but the newest `keep_last` complete checkpoints (step 0 is kept: it is an init
     checkpoint) and temporary directories that crashed writers left behind.
     """
-    from gpt2.llmc import write_model_file
-
     final = RunDir(out_dir).checkpoint(step)
-    with atomic_directory(final) as tmp:
-        torch.save(state, tmp / STATE_FILE)
-        write_model_file(model, tmp / MODEL_FILE, dtype=model_file_dtype)
-        files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-                 for name in (STATE_FILE, MODEL_FILE)}
-        write_json(tmp / COMPLETE_MARKER, {"step": step, "model_file_dtype": model_file_dtype, "files": files})
+    _write_checkpoint(final, step, state, model, model_file_dtype)
     if keep_last is not None:
         prune_checkpoints(out_dir, keep_last)
     return final
+
+
+def _write_checkpoint(final: Path, step: int, state: dict[str, Any], model: GPT, model_file_dtype: str) -> None:
+    """Write the checkpoint directory `final` atomically; a full disk is DiskFull naming it (checked before the
+    first byte, and at the writes), and the checkpoints before it stay as they were."""
+    from gpt2.llmc import model_file_size, write_model_file
+
+    data, tensors = _split_tensors(state)
+    text = json.dumps(data) + "\n"
+    needed = sum(t.nbytes for t in tensors.values()) + len(text.encode()) + model_file_size(model, model_file_dtype)
+    require_free_space(final, needed)
+    with naming_disk_full(final, needed), atomic_directory(final) as tmp:
+        save_tensors(tensors, tmp / TENSORS_FILE)
+        (tmp / DATA_FILE).write_text(text)
+        write_model_file(model, tmp / MODEL_FILE, dtype=model_file_dtype)
+        files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+                 for name in (TENSORS_FILE, DATA_FILE, MODEL_FILE)}
+        write_json(tmp / COMPLETE_MARKER, {"step": step, "model_file_dtype": model_file_dtype, "files": files})
+
+
+def _split_tensors(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(`state` as JSON-able plain data, its tensors by name): each tensor becomes {"$tensor": name}, a tuple
+    {"$tuple": [...]}, a dict with keys other than strings (an optimizer's parameter ids) {"$items": [[k, v]]}.
+    A tensor seen twice (tied weights) is stored once; both places name it."""
+    tensors: dict[str, torch.Tensor] = {}
+    seen: dict[tuple, str] = {}  # a tensor view (storage, offset, shape, stride, dtype) -> its name
+    storages: set[int] = set()
+
+    def plain(value: Any, where: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            view = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape), value.stride(),
+                    value.dtype)
+            if view not in seen:
+                # safetensors refuses tensors sharing memory: a view of a stored tensor's memory is copied
+                shares = view[0] in storages and value.numel() > 0
+                tensors[where] = (value.clone() if shares else value).detach().contiguous()
+                storages.add(view[0])
+                seen[view] = where
+            return {"$tensor": seen[view]}
+        if isinstance(value, tuple):
+            return {"$tuple": [plain(v, f"{where}/{i}") for i, v in enumerate(value)]}
+        if isinstance(value, list):
+            return [plain(v, f"{where}/{i}") for i, v in enumerate(value)]
+        if isinstance(value, dict):
+            if all(isinstance(k, str) and not k.startswith("$") for k in value):
+                return {k: plain(v, f"{where}/{k}") for k, v in value.items()}
+            return {"$items": [[k, plain(v, f"{where}/{k}")] for k, v in value.items()]}
+        if isinstance(value, np.generic):
+            return value.item()
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise TypeError(f"checkpoint state {where or '/'}: cannot store a {type(value).__name__} as plain data")
+
+    return plain(state, ""), tensors
+
+
+def _join_tensors(data: Any, tensors: dict[str, torch.Tensor], where: Path) -> Any:
+    """The inverse of `_split_tensors`; a tensor name missing from `tensors` is a CheckpointError."""
+    def value(node: Any) -> Any:
+        if isinstance(node, list):
+            return [value(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if "$tensor" in node:
+            if node["$tensor"] not in tensors:
+                raise CheckpointError(f"{where}: names tensor {node['$tensor']!r}, which {TENSORS_FILE} lacks")
+            return tensors[node["$tensor"]]
+        if "$tuple" in node:
+            return tuple(value(v) for v in node["$tuple"])
+        if "$items" in node:
+            return {k: value(v) for k, v in node["$items"]}
+        return {k: value(v) for k, v in node.items()}
+
+    return value(data)
 
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
@@ -152,12 +243,16 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """The state dict of a checkpoint directory that verifies (`verify_checkpoint`; `hashes=False` checks
     sizes only, for a checkpoint verified moments ago)."""
     path = Path(path)
-    verify_checkpoint(path, hashes)
+    require_current_format(path, verify_checkpoint(path, hashes))
     try:
-        # weights_only=False: the state holds numpy RNG states and plain Python objects we wrote ourselves
-        return torch.load(path / STATE_FILE, map_location=map_location, weights_only=False)
-    except Exception as e:  # torch's own errors (e.g. a zip error) do not say which file
-        raise CheckpointError(f"{path / STATE_FILE}: cannot be loaded ({type(e).__name__}: {e})") from e
+        tensors = load_tensors(path / TENSORS_FILE, device=str(map_location))
+    except Exception as e:  # safetensors' own errors do not say which file
+        raise CheckpointError(f"{path / TENSORS_FILE}: cannot be loaded ({type(e).__name__}: {e})") from e
+    try:
+        data = json.loads((path / DATA_FILE).read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path / DATA_FILE}: not valid JSON ({e})") from e
+    return _join_tensors(data, tensors, path / DATA_FILE)
 
 
 def model_config_of(state: dict[str, Any]) -> GPTConfig:
@@ -185,16 +280,78 @@ def write_initial_checkpoint(
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """This process's RNG states: Python, NumPy, torch CPU and (when present) CUDA."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states as plain data and tensors: Python, NumPy, torch CPU and (when present) CUDA."""
+    state = {"python": random.getstate(), "numpy": _plain_numpy_state(np.random.get_state(legacy=False)),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
+def _plain_numpy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """NumPy's MT19937 state ({"bit_generator", "state": {"key": uint32 array, "pos"}, ...}) with the key as ints."""
+    return {**state, "state": {**state["state"], "key": state["state"]["key"].tolist()}}
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    np.random.set_state({**numpy_state, "state": {**numpy_state["state"],
+                                                  "key": np.asarray(numpy_state["state"]["key"], dtype=np.uint32)}})
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the older pickled format
+
+
+def _numpy_rng_globals() -> list[Any]:
+    """What a pickled NumPy RNG state (a uint32 array) needs beyond torch's weights-only defaults."""
+    multiarray = getattr(np, "_core", np.core).multiarray  # numpy 2 renamed numpy.core
+    return [multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def convert_pickled_checkpoint(path: str | os.PathLike) -> Path:
+    """Rewrite a checkpoint of the older format (a pickled state.pt) in this one, in place and atomically.
+
+    state.pt is read with `torch.load(weights_only=True)`: tensors and plain containers only, NumPy's RNG
+    arrays allow-listed; a file that holds anything else (code) is refused by torch, and nothing is written.
+    """
+    path = Path(path)
+    marker = verify_checkpoint(path)
+    if PICKLED_STATE_FILE not in marker["files"]:
+        raise CheckpointError(f"{path} is already in the current format (no {PICKLED_STATE_FILE})")
+    try:
+        with torch.serialization.safe_globals(_numpy_rng_globals()):
+            state = torch.load(path / PICKLED_STATE_FILE, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path / PICKLED_STATE_FILE}: refused, it holds more than tensors and plain data "
+                              f"({type(e).__name__}: {e})") from e
+    for rng in state.get("rng", []):
+        kind, key, pos, has_gauss, gauss = rng["numpy"]  # np.random.get_state()'s legacy tuple
+        rng["numpy"] = {"bit_generator": kind, "state": {"key": key.tolist(), "pos": pos}, "has_gauss": has_gauss,
+                        "gauss": gauss}
+    _write_checkpoint(path, marker["step"], state, model_from_state(state), marker["model_file_dtype"])
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpt2.checkpoint",
+        description="Checkpoint maintenance. `convert` rewrites checkpoints of the older pickled format "
+        "(state.pt) as state.safetensors + state.json, reading state.pt without running any code in it.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("convert", help="convert checkpoint directories (step_XXXXXXXX) in place")
+    convert.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint directories holding state.pt")
+    args = parser.parse_args(argv)
+    for path in args.checkpoints:
+        try:
+            print(f"converted {convert_pickled_checkpoint(path)}")
+        except CheckpointError as e:
+            sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()

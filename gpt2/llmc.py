@@ -63,6 +63,11 @@ def _header(config: GPTConfig, version: int) -> np.ndarray:
     return header
 
 
+def model_file_size(model: GPT, dtype: str = "float32") -> int:
+    """Bytes of `model`'s llm.c model file: the header, then every parameter in the file's dtype."""
+    return HEADER_BYTES + sum(p.numel() for p in _file_order(model)) * VERSION_DTYPES[DTYPE_VERSIONS[dtype]].itemsize
+
+
 def write_model_file(model: GPT, path: str | os.PathLike, dtype: str = "float32") -> Path:
     """Write `model` as an llm.c model file (version 3 for float32, 5 for bfloat16), atomically."""
     if dtype not in DTYPE_VERSIONS:
@@ -70,7 +75,7 @@ def write_model_file(model: GPT, path: str | os.PathLike, dtype: str = "float32"
     torch_dtype = VERSION_DTYPES[DTYPE_VERSIONS[dtype]]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+    with atomic_path(path, size=model_file_size(model, dtype)) as tmp, open(tmp, "wb") as f:
         f.write(_header(model.config, DTYPE_VERSIONS[dtype]).tobytes())
         for param in _file_order(model):
             data = param.detach().to("cpu", torch_dtype).contiguous()  # float32 -> bf16 rounds to nearest even

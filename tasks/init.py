@@ -42,12 +42,12 @@ class CheckpointRecord(StageRecord):
 
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
-        """The record of a checkpoint that verifies (every file's size and sha256 against its COMPLETE marker);
-        gpt2.checkpoint.CheckpointError naming the file otherwise."""
-        from gpt2.checkpoint import verify_checkpoint
+        """The record of a loadable checkpoint that verifies (every file's size and sha256 against its COMPLETE
+        marker); gpt2.checkpoint.CheckpointError naming the file, or the conversion an older format needs, otherwise."""
+        from gpt2.checkpoint import require_current_format, verify_checkpoint
 
         path = Path(path).resolve()
-        marker = verify_checkpoint(path)
+        marker = require_current_format(path, verify_checkpoint(path))
         files = tuple(FileRef.with_sha256(path / name, entry["sha256"]) for name, entry in marker["files"].items())
         return cls(files=files, path=str(path), step=marker["step"], model=model)
 

@@ -96,7 +96,7 @@ def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smo
 
 def test_scheduled_evaluation_skips_a_checkpoint_that_fails_verification(smoke, tmp_path):
     """docs/pipeline.md: the scan evaluates every checkpoint that verifies and files nothing for one that
-    does not (here the final one, 1 KiB of state.pt overwritten: same size, so only its hash tells), with a
+    does not (here the final one, 1 KiB of state.safetensors overwritten: same size, so only its hash tells), with a
     warning naming it; the scan itself completes."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -104,7 +104,7 @@ def test_scheduled_evaluation_skips_a_checkpoint_that_fails_verification(smoke, 
     from flows.pipeline import gpt2_evaluate
     from gpt2.checkpoint import list_checkpoints
 
-    file_name, corrupt = CORRUPTIONS["state.pt overwritten (1 KiB)"]
+    file_name, corrupt = CORRUPTIONS["state.safetensors overwritten (1 KiB)"]
     _, _, first = smoke
     run_dir = tmp_path / "runs" / "damaged"
     shutil.copytree(Path(first["train"].run_dir), run_dir, ignore=shutil.ignore_patterns("evaluations", "tensorboard", "LOCK"))

@@ -272,7 +272,7 @@ def _save_tiny_checkpoint(run_dir: Path, step: int, seed: int) -> Path:
 def test_init_from_a_run_directory_is_its_newest_checkpoint_that_verifies(tmp_path):
     """A run directory (it has a config.json, as a Hugging Face directory does) stands for its newest checkpoint
     that verifies: the init stage records that checkpoint, by content, and hands its path to training."""
-    from gpt2.checkpoint import STATE_FILE
+    from gpt2.checkpoint import TENSORS_FILE
     from tasks.init import CheckpointRecord, _existing_weights
     from tests.fixtures.train.tiny import TINY_MODEL
 
@@ -288,7 +288,7 @@ def test_init_from_a_run_directory_is_its_newest_checkpoint_that_verifies(tmp_pa
     assert (again.path, again.files) == (str(newer.resolve()), CheckpointRecord.of(newer, TINY_MODEL).files)
     assert again.content_digest() != record.content_digest()
 
-    state = newer / STATE_FILE  # a newer checkpoint that no longer verifies is skipped
+    state = newer / TENSORS_FILE  # a newer checkpoint that no longer verifies is skipped
     state.write_bytes(bytes(b ^ 0xFF for b in state.read_bytes()))
     assert _existing_weights(str(run_dir), TINY_MODEL) == record
 
@@ -296,7 +296,7 @@ def test_init_from_a_run_directory_is_its_newest_checkpoint_that_verifies(tmp_pa
 def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_path, monkeypatch):
     import common.files
     import gpt2.checkpoint
-    from gpt2.checkpoint import COMPLETE_MARKER, STATE_FILE, CheckpointError
+    from gpt2.checkpoint import COMPLETE_MARKER, TENSORS_FILE, CheckpointError
     from gpt2.weights import load_model
     from tasks.init import _existing_weights
     from tests.fixtures.train.tiny import TINY_MODEL
@@ -315,7 +315,7 @@ def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_pat
             use(source)
             assert sorted(hashed) == sorted(p.name for p in checkpoint.iterdir() if p.name != COMPLETE_MARKER), source
 
-    state = checkpoint / STATE_FILE
+    state = checkpoint / TENSORS_FILE
     state.write_bytes(bytes(b ^ 0xFF for b in state.read_bytes()))  # same size, other content
     with pytest.raises(CheckpointError, match="content differs from the sha256"):
         _existing_weights(str(checkpoint), TINY_MODEL)

@@ -114,6 +114,6 @@ def test_resuming_wins_over_init_from_and_a_corrupt_init_from_is_refused(tmp_pat
     train(config)
     config.max_steps = 3
     assert train(config)["start_step"] == 2  # the run's own checkpoint, not init_from
-    (source / ckpt.STATE_FILE).write_bytes(b"\0" * 10)
-    with pytest.raises(ckpt.CheckpointError, match=f"{source / ckpt.STATE_FILE} has 10 bytes"):
+    (source / ckpt.TENSORS_FILE).write_bytes(b"\0" * 10)
+    with pytest.raises(ckpt.CheckpointError, match=f"{source / ckpt.TENSORS_FILE} has 10 bytes"):
         train(tiny_config(tmp_path / "new", max_steps=1, init_from=str(source)))

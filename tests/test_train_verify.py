@@ -43,7 +43,7 @@ def test_a_run_whose_every_checkpoint_fails_starts_over(tmp_path):
     config = tiny_config(tmp_path, max_steps=2, checkpoint_every=1)
     train(config)
     for _, path in ckpt.list_checkpoints(config.out_dir):
-        truncate(path / ckpt.STATE_FILE)
+        truncate(path / ckpt.TENSORS_FILE)
     summary = train(config)
     assert summary["start_step"] == 0 and len(summary["rejected_checkpoints"]) == 2
     assert summary["steps"] == 2
@@ -56,8 +56,8 @@ def test_loading_a_corrupt_checkpoint_names_the_file_and_the_problem(tmp_path, n
     train(config)
     path = ckpt.latest_checkpoint(config.out_dir)
     corrupt(path / file_name)
-    problem = {"state.pt overwritten (1 KiB)": "content differs from the sha256", "model.bin truncated": "truncated",
-               "model.bin deleted": "is missing", "state.pt truncated": "truncated"}[name]
+    problem = {"state.safetensors overwritten (1 KiB)": "content differs from the sha256", "model.bin truncated": "truncated",
+               "model.bin deleted": "is missing", "state.safetensors truncated": "truncated"}[name]
     with pytest.raises(ckpt.CheckpointError, match=problem) as e:
         ckpt.load_checkpoint(path)
     assert str(path / file_name) in str(e.value)
@@ -71,7 +71,7 @@ def test_the_marker_lists_every_file_with_size_and_sha256(tmp_path):
     path = ckpt.latest_checkpoint(config.out_dir)
     marker = json.loads((path / ckpt.COMPLETE_MARKER).read_text())
     on_disk = sorted(p.name for p in path.iterdir() if p.name != ckpt.COMPLETE_MARKER)
-    assert sorted(marker["files"]) == on_disk == ["model.bin", "state.pt"]
+    assert sorted(marker["files"]) == on_disk == ["model.bin", "state.json", "state.safetensors"]
     for name, entry in marker["files"].items():
         assert entry == {"size": (path / name).stat().st_size, "sha256": sha256_file(path / name)}
 
@@ -84,13 +84,13 @@ def test_evaluate_and_sample_refuse_a_corrupt_checkpoint_and_skip_it_in_a_run_di
     config = tiny_config(tmp_path, model=TINY_GPT2_VOCAB_MODEL, max_steps=2, checkpoint_every=1)
     train(config)
     final = ckpt.latest_checkpoint(config.out_dir)
-    overwrite_1kib(final / ckpt.STATE_FILE)
+    overwrite_1kib(final / ckpt.TENSORS_FILE)
 
     for module, args in (("gpt2.evaluate", ["--val-data", config.val_data, "--batch-size", "2", "--seq-len", "16",
                                             "--val-steps", "1"]),
                          ("gpt2.sample", ["--num-samples", "1", "--max-new-tokens", "2"])):
         direct = _cli(module, "--checkpoint", str(final), "--device", "cpu", *args)
-        assert direct.returncode != 0 and f"{final / ckpt.STATE_FILE}: content differs" in direct.stderr, module
+        assert direct.returncode != 0 and f"{final / ckpt.TENSORS_FILE}: content differs" in direct.stderr, module
         out = tmp_path / f"{module}.json"
         via_run = _cli(module, "--checkpoint", config.out_dir, "--device", "cpu", "--out", str(out), *args)
         assert via_run.returncode == 0, via_run.stderr
