@@ -152,8 +152,9 @@ def write_eval_file(path: str | os.PathLike, examples: Sequence[Example]) -> Non
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:4] = (MAGIC, VERSION, len(examples), max((2 * len(s) for s in streams), default=0))
     body = np.array([t for s in streams for t in s], dtype="<u2")
-    with atomic_path(path) as tmp:
-        tmp.write_bytes(header.tobytes() + body.tobytes())
+    data = header.tobytes() + body.tobytes()
+    with atomic_path(path, size=len(data)) as tmp:
+        tmp.write_bytes(data)
 
 
 def _corrupt(path: str | os.PathLike, i: int, what: str) -> EvalFileError:

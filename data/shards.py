@@ -80,7 +80,7 @@ def shard_bytes(path: str | os.PathLike, tokens: np.ndarray) -> bytes:
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
     """Write `tokens` (values < 2**16) as an llm.c shard, atomically. Returns the file's sha256."""
     data = shard_bytes(path, tokens)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, size=len(data)) as tmp:
         tmp.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
 
@@ -242,7 +242,7 @@ def _repair(
                 f"{record['sha256']}: the source no longer yields the documents it was built from; rebuild the "
                 f"folder (--replace)"
             )
-        with atomic_path(path) as tmp:
+        with atomic_path(path, size=len(data)) as tmp:
             tmp.write_bytes(data)
 
 

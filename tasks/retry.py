@@ -1,7 +1,7 @@
 """Retry policies: transient failures (network, a crashed training process) retry; deterministic ones don't.
 
-A bad config, a corrupt input or a missing local file fails the same way every time, so retrying only
-delays the error; those surface at once with their own message.
+A bad config, a corrupt input, a missing local file or a full disk fails the same way every time, so
+retrying only delays the error; those surface at once with their own message.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import importlib
 from typing import Any
 
 from prefect.tasks import exponential_backoff
+
+from common.files import is_disk_full
 
 # HTTP statuses worth retrying: timeouts, rate limits, server-side errors
 TRANSIENT_HTTP_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -55,7 +57,7 @@ def is_transient(exc: BaseException) -> bool:
     status = _http_status(exc)
     if status is not None:
         return status in TRANSIENT_HTTP_STATUS
-    if isinstance(exc, _LOCAL_OS_ERRORS):
+    if isinstance(exc, _LOCAL_OS_ERRORS) or is_disk_full(exc):  # a full disk does not empty itself
         return False
     return isinstance(exc, (*_NETWORK_ERRORS, OSError))
 

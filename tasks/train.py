@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from common.files import read_json, write_json
+from common.files import DiskFull, read_json, write_json
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
@@ -129,6 +129,8 @@ def train(
         with watch_for_cancellation(stop=stop_all):  # a cancel the worker no longer sees still stops training
             run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
+        if f"{DiskFull.__name__}: " in str(e):
+            raise  # a full disk stays full: fail now, the output names the path, bytes needed and free
         raise TransientError(str(e)) from e
     progress.poll(now=True)
     return _train_record(run_dir, config)

@@ -11,6 +11,8 @@ import glob
 import hashlib
 import json
 import re
+import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -385,3 +387,41 @@ def test_an_empty_corpus_fails_the_download_stage_naming_it_and_is_not_retried(s
     assert isinstance(error, EmptySource) and f"{empty} holds no documents" in str(error), error
     (run,) = task_runs(flow_run_id)["download"]
     assert (run.state.name, run.run_count) == ("Failed", 1)
+
+
+def test_the_scheduled_scan_runs_no_code_from_a_planted_checkpoint(smoke, tmp_path):
+    """A pickled state.pt that runs code (its COMPLETE marker's sha256 matching) planted under the scanned runs
+    folder: the scan completes, warns naming the conversion command, evaluates nothing and runs nothing."""
+    from flows.pipeline import gpt2_evaluate
+    from gpt2.run_dir import RunDir
+    from tests.fixtures.pickled import plant_malicious_checkpoint
+
+    planted = RunDir(tmp_path / "runs" / "planted")
+    planted.root.mkdir(parents=True)
+    shutil.copy(RunDir(smoke.records["train"].run_dir).config, planted.config)  # a real run's inputs
+    marker = tmp_path / "code-ran"
+    plant_malicious_checkpoint(planted.checkpoint(7), marker, step=7)
+
+    flow_run_id, rows = run_flow(gpt2_evaluate, str(tmp_path / "runs"))
+    assert not marker.exists(), "the scheduled scan ran a planted checkpoint's code"
+    assert rows == [] and "evaluate" not in task_runs(flow_run_id)
+
+
+def test_a_full_disk_fails_training_at_once_naming_it_and_is_not_retried(smoke, tmp_path):
+    """Training's first checkpoint does not fit on a 48 MiB filesystem (the data and the init checkpoint do):
+    the train task fails on its first run with the path, bytes needed and bytes free; no retry redoes steps."""
+    from flows.pipeline import train_flow
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        flow_run_id, error = run_flow(train_flow, **{**smoke.params, "root": str(disk), "run_name": "full"})
+        found = re.search(r"no space left on (\S+): ([\d,]+) bytes needed, ([\d,]+) free", str(error))
+        assert found and found.group(1).endswith("/checkpoints/step_00000010"), error
+        assert int(found.group(2).replace(",", "")) > int(found.group(3).replace(",", ""))
+        (run,) = task_runs(flow_run_id)["train"]
+        assert (run.state.name, run.run_count) == ("Failed", 1)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
