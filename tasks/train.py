@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from common.files import DiskFull, read_json, write_json
+from gpt2.checkpoint import CheckpointError
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
@@ -38,6 +39,9 @@ TRAIN_CODE = MODEL_CODE + ("gpt2.train",)
 TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its latest checkpoint
 TRAIN_RETRY_DELAY_S = 30
 PROGRESS_POLL_S = 1.0  # how often the metrics file is looked at for progress
+# errors of the training process that a retry would meet again: a full disk (path, bytes needed and free), a
+# checkpoint that cannot be loaded (e.g. of the older pickled format, with the command that converts it)
+NOT_RETRIED = (DiskFull, CheckpointError)
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,8 @@ def train(
         with watch_for_cancellation(stop=stop_all):  # a cancel the worker no longer sees still stops training
             run_streaming(cmd, on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
-        if f"{DiskFull.__name__}: " in str(e):
-            raise  # a full disk stays full: fail now, the output names the path, bytes needed and free
+        if any(f"{error.__name__}: " in str(e) for error in NOT_RETRIED):
+            raise  # fails the same way every time: now, with the error in the output's last lines
         raise TransientError(str(e)) from e
     progress.poll(now=True)
     return _train_record(run_dir, config)
