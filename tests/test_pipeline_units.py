@@ -364,3 +364,27 @@ def test_scheduled_evaluation_runs_gpt2_evaluate_on_the_cpu_only(tmp_path):
     args = EvalSettings(**scheduled["parameters"]["settings"]).args(RunDir(tmp_path))
     assert args[args.index("--device") + 1] == "cpu"
     assert scheduled["job_variables"]["env"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_the_cancel_watcher_rides_out_an_outage_with_two_log_lines_and_stops_once_on_cancelling():
+    """API unreachable for a while (any exception from the read), then Running, then Cancelling: `stop` is
+    called exactly once, and the outage costs one line when it starts and one when it ends, not one per poll."""
+    import threading
+
+    from tasks.cancel_watch import CancelWatcher, cancel_requested
+
+    answers = iter([ConnectionError("refused")] * 20 + ["RUNNING"] * 3 + ["CANCELLING"] + ["CANCELLED"] * 100)
+
+    def read_state() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    stopped, stops, lines = threading.Event(), [], []
+    with CancelWatcher("run-1", lambda: (stops.append(1), stopped.set()), read_state, lines.append, poll_s=0.005):
+        assert stopped.wait(10)
+    assert stops == [1] and cancel_requested("run-1") and not cancel_requested("run-2")
+    assert len(lines) == 3, lines
+    assert lines[0].startswith("cannot reach the Prefect API to check for cancellation (ConnectionError: refused)")
+    assert lines[1].startswith("the Prefect API answers again") and lines[2] == "flow run is cancelling: stopping its work"
