@@ -13,5 +13,6 @@ training retries resume from the latest checkpoint, deterministic errors are nev
     download.py  tokenize.py  hellaswag.py  init.py  train.py  evaluate.py  sample.py  export.py   one stage each
     common.py    helpers the stage modules share (logging, child processes, artifact keys)
     cache.py     records and the cache policy;  retry.py  retry rules;  launch.py  child processes
+    cancel_watch.py   a flow run's own watch for its cancellation (survives a server outage)
     report.py    training figures and summaries
 """

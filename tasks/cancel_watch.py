@@ -7,7 +7,7 @@ train stage runs `watch_for_cancellation(stop)` beside the training process: a t
 run's state through the API every few seconds, rides out connection errors (one log line when the API
 goes away, one when it is back), and on Cancelling/Cancelled calls `stop` once -- for a local launch,
 `tasks.launch.stop_all`, which kills the training process group and refuses to start any later stage's
-command. The flow then ends Cancelled (`ended_by_cancel` in flows.pipeline), not Failed.
+command. The flow then ends Cancelled (`ends_cancelled` in flows.pipeline), not Failed.
 
 Any launcher stops its job the same way: wrap the wait for the job in `watch_for_cancellation(stop)` with a
 `stop` that ends the job (and makes the wait return or raise).
