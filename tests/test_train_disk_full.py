@@ -1,5 +1,5 @@
 """A full disk while writing a checkpoint: named at once (path, bytes needed, bytes free), nothing half-written,
-the previous checkpoint stays the resume point -- on a real filesystem that fills up (a small tmpfs; root only).
+the previous checkpoint intact and the newest that verifies (the resume point) -- on a real filesystem that fills up (a small tmpfs; root only).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import gpt2.checkpoint as ckpt
 from common.files import TMP_DIR_PREFIX
 from gpt2.run_dir import RunDir
-from tests.fixtures.train.tiny import read_metrics, single_thread, tiny_config  # noqa: F401 (fixture)
+from tests.fixtures.train.tiny import single_thread, tiny_config  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 DISK_FULL = re.compile(r"no space left on (\S+): ([\d,]+) bytes needed, ([\d,]+) free")
@@ -57,9 +57,3 @@ def test_a_full_disk_fails_the_checkpoint_at_once_naming_it_and_the_previous_one
     assert [step for step, _ in ckpt.list_checkpoints(out_dir)] == [2]  # nothing half-written, step 2 intact
     ckpt.verify_checkpoint(RunDir(out_dir).checkpoint(2))
     assert not list(RunDir(out_dir).checkpoints.glob(f"{TMP_DIR_PREFIX}*"))
-
-    filler.unlink()  # space freed: the rerun resumes from step 2 and finishes
-    again = _train(tmp_path, out_dir, max_steps=4)
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert [r["step"] for r in read_metrics(out_dir)][-2:] == [2, 3]
-    assert [step for step, _ in ckpt.list_checkpoints(out_dir)] == [2, 4]
