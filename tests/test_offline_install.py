@@ -48,12 +48,14 @@ def image_site(venv: Path, out: Path) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def host(tmp_path_factory) -> dict[str, str]:
-    """The environment of a shell on the host: its venv's python3 first on the PATH, no index reachable."""
+    """The environment of a shell on a fresh host: its venv's python3 first on the PATH, no index reachable."""
     root = tmp_path_factory.mktemp("host")
     venv = root / "venv"
-    subprocess.run([os.path.realpath(REPO / ".venv" / "bin" / "python3"), "-m", "venv", str(venv)], check=True)
+    # without its own pip and setuptools: the image's (newer) ones serve, as on a host whose image has them
+    subprocess.run([os.path.realpath(REPO / ".venv" / "bin" / "python3"), "-m", "venv", "--without-pip", str(venv)],
+                   check=True)
     layer = image_site(REPO / ".venv", root / "image")
     purelib = subprocess.run([str(venv / "bin" / "python3"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              check=True, capture_output=True, text=True).stdout.strip()
