@@ -19,7 +19,7 @@
 #
 # Environment: STEPS (default 300), ALONE_STEPS (gpt2.train alone runs only this many steps; default 60),
 # EVAL_INTERVAL (default 60 s), MODE (gpu, or cpu-tiny: a tiny model on one CPU process and a tiny corpus,
-# to check this script where no GPU is), PYTHON (default .venv/bin/python if present, else python3),
+# to check this script where no GPU is; defaults 40 steps, 20 alone, 15 s), PYTHON (default .venv/bin/python if present, else python3),
 # OUT (default artifacts/gpu-run/out), PREFECT_PORT (default 4200). Logs: artifacts/gpu-run/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,14 +43,13 @@ export PREFECT_HOME="$PWD/$WORK/prefect" PREFECT_API_URL="http://127.0.0.1:$PORT
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS=10
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
 
-STEPS=${STEPS:-300} ALONE_STEPS=${ALONE_STEPS:-60}
 if [ "$MODE" = gpu ]; then
-    EVAL_INTERVAL=${EVAL_INTERVAL:-60}
+    STEPS=${STEPS:-300} ALONE_STEPS=${ALONE_STEPS:-60} EVAL_INTERVAL=${EVAL_INTERVAL:-60}
     TOKENS_PER_STEP=524288 SHARD_SIZE=20000000 HELLASWAG_EXAMPLES=200
     RUN_NAME=gpu DATASET=synthetic
     PARAMS=(--param "max_steps=$STEPS")
 else  # cpu-tiny: the same steps on a tiny model, one CPU process
-    EVAL_INTERVAL=${EVAL_INTERVAL:-15}
+    STEPS=${STEPS:-40} ALONE_STEPS=${ALONE_STEPS:-20} EVAL_INTERVAL=${EVAL_INTERVAL:-15}
     TOKENS_PER_STEP=128 SHARD_SIZE=8192 HELLASWAG_EXAMPLES=20
     RUN_NAME=gpu-tiny DATASET=synthetic-tiny
     every=$(( STEPS / 2 > 1 ? STEPS / 2 : 1 ))  # two evaluations and checkpoints in the run, whatever STEPS
