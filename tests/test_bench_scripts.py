@@ -55,9 +55,8 @@ def test_run_train_gpu_defaults_pass_gpt2_train_validation(tmp_path):
 
 @pytest.mark.slow
 def test_run_pipeline_gpu_runs_end_to_end_in_one_command(clone):  # noqa: F811
-    """The CPU form of the command the docs show: it exits 0 once everything ran (also where the first
-    deployment runs leave no run directory yet), its summary's figures are those of the run directories
-    it names, and the server it started is gone."""
+    """The CPU form of the command the docs show: one command runs every step and exits 0 once all ran,
+    its summary's figures are those of the run directories it names, and the server it started is gone."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env["PREFECT_PORT"] = str(port)
