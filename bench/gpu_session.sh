@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
-# Everything the kernel work needs from one GPU session, in one go (device time is scarce):
+# Everything the kernel work measures on a GPU host, in one go:
 # GPU facts, the kernel tests on CUDA, the in-run peer (build-nanogpt's train_gpt2.py, when PEER names
 # a folder holding it), then the training-step benchmark with its profiles and numerics check, with
 # each variant's ratio to the peer. Logs and JSON go to ${OUT:-artifacts/bench}.
 #   PEER=path/to/build-nanogpt bench/gpu_session.sh [extra bench_train.py arguments]
-# GPU_EXTRA="A B" names the two folders of `bench/gpu_extra.sh download` (the optional FA4 and quack
-# kernels) on a host without a package registry; they are unpacked first. Where the extra is installed,
-# the variants kernels-sdpa-bwd and kernels-inductor-gelu measure each of its kernels against its absence.
+# Where the `gpu` extra is installed (the optional FA4 and quack kernels; docs/gpu-run.md installs it on a
+# host without a package registry), the variants kernels-sdpa-bwd and kernels-inductor-gelu measure each
+# of its kernels against its absence.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-artifacts/bench}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [[ -n "${GPU_EXTRA:-}" ]]; then
-    eval "$(bash bench/gpu_extra.sh install $GPU_EXTRA)" || exit 1
-fi
 # a fresh Inductor cache: its on-disk graphs do not key on our custom ops' schemas, so graphs cached
 # by an older version of kernels/ on a reused host would index the ops' outputs wrongly
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d)}

@@ -10,7 +10,6 @@ it, the three wrong ones start at random words; a model that learned the chain p
     python -m bench.pipeline_gpu corpus --out DIR --tokens N [--workers K]
     python -m bench.pipeline_gpu hellaswag --out FILE --examples N
     python -m bench.pipeline_gpu report --pipeline-run DIR --alone-run DIR --flow-runs JSON --out DIR
-    python -m bench.pipeline_gpu image-site --venv VENV --wheels DIR --out DIR   (CPU check only)
 """
 
 from __future__ import annotations
@@ -195,32 +194,6 @@ def _print_summary(s: dict) -> None:
     print(f"evaluations: { {k: (v.get('val_loss'), (v.get('hellaswag') or {}).get('acc_norm')) for k, v in s['evaluations'].items()} }")
 
 
-def image_site(venv: Path, wheels: Path, out: Path) -> None:
-    """A site folder that stands in for a GPU image on this machine (run_pipeline_gpu.sh MODE=cpu-tiny):
-    links to everything installed in `venv` except the distributions `wheels` holds, which the offline
-    install must then bring itself."""
-    import importlib.metadata
-    import os
-    import shutil
-
-    carried = {re.sub(r"[-_.]+", "-", w.name.split("-")[0]).lower() for w in wheels.glob("*.whl")}
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    out.mkdir(parents=True, exist_ok=True)
-    left_out = set()
-    for dist in importlib.metadata.distributions(path=[str(site)]):
-        if re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower() in carried:
-            left_out.update(Path(str(f)).parts[0] for f in dist.files or [])
-    for entry in site.iterdir():
-        own = entry.name.startswith(("gpt2_pretrain", "__editable__"))  # this project: PYTHONPATH instead
-        if own or entry.name in left_out or entry.name.endswith(".pth") or (out / entry.name).exists():
-            continue
-        if entry.name.endswith(".dist-info"):  # pip does not read package metadata through a link
-            shutil.copytree(entry, out / entry.name)
-        else:
-            os.symlink(entry.resolve(), out / entry.name)
-    print(f"[image-site] {venv} without {len(carried)} carried distributions -> {out}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline_gpu", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -237,14 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     rep.add_argument("--flow-runs", type=Path, required=True, help="JSON list of the server's flow runs")
     rep.add_argument("--out", type=Path, required=True)
     rep.add_argument("--skip", type=int, default=10, help="untimed first steps (compilation, warm-up)")
-    image = sub.add_parser("image-site", help="stand-in for a GPU image's packages (CPU check)")
-    image.add_argument("--venv", type=Path, required=True)
-    image.add_argument("--wheels", type=Path, required=True)
-    image.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    if args.command == "image-site":
-        image_site(args.venv, args.wheels, args.out)
-    elif args.command == "corpus":
+    if args.command == "corpus":
         write_corpus(args.out, args.tokens, args.workers)
     elif args.command == "hellaswag":
         write_hellaswag(args.out, args.examples)

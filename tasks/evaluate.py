@@ -9,6 +9,7 @@ its own ledger and TensorBoard log.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,15 +96,19 @@ def evaluate_checkpoint(
     if shards is None and hellaswag is None:
         raise ValueError("evaluate: nothing to evaluate; give val shards and/or a HellaSwag eval file")
     ledger = RunDir(checkpoint.run_dir).evaluation(checkpoint.step)  # marks the checkpoint evaluated
-    out = ledger.with_name(ledger.name + ".result.tmp")
+    # this evaluation's own result file: a pipeline's final evaluation and a scheduled scan can evaluate the
+    # same checkpoint at once, and with one shared name the first to finish deleted the other's result
+    out = ledger.with_name(f"{ledger.name}.{uuid.uuid4().hex}.result.tmp")
     args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(RunDir(checkpoint.run_dir))]
     if shards is not None:
         args += ["--val-data", shards.val_glob]
     if hellaswag is not None:
         args += ["--hellaswag", hellaswag.path]
-    run_streaming(python_module("gpt2.evaluate", args), log_lines())
-    result = read_json(out)
-    out.unlink()
+    try:
+        run_streaming(python_module("gpt2.evaluate", args), log_lines())
+        result = read_json(out)
+    finally:
+        out.unlink(missing_ok=True)
     entry = file_evaluation(checkpoint, result.get("val_loss"), result.get("hellaswag"))
     return EvalRecord(files=(FileRef.of(ledger),), checkpoint=checkpoint.path, step=checkpoint.step,
                       val_loss=entry["val_loss"], hellaswag=entry["hellaswag"])

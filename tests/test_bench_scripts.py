@@ -1,19 +1,25 @@
-"""The GPU bench scripts, run here at their own defaults with the GPU parts stubbed out.
+"""The GPU bench scripts, run here without a GPU.
 
 `bench/run_train_gpu.sh` is run as is, with a `python` that answers "1 GPU" and records the torchrun
 command instead of training, and an `nvidia-smi` stub; the recorded gpt2.train flags must pass
-gpt2.train's own validation on the shards the script generated.
+gpt2.train's own validation on the shards the script generated. `bench/run_pipeline_gpu.sh` runs for real
+in its CPU mode (a tiny model), in a clone of the committed tree: one command, a real Prefect server and
+worker, every deployment run, gpt2.train alone, the report.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.fixtures.processes import free_port
+from tests.test_pipeline_deployments import clone  # noqa: F401  (fixture: a clone sharing this .venv)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,36 +53,31 @@ def test_run_train_gpu_defaults_pass_gpt2_train_validation(tmp_path):
     validate(config, world_size=1)  # raises ConfigError naming what is wrong
 
 
-@pytest.mark.parametrize("folders", [("a", "b"), ("z", "y")])  # the second: the paths sort against the parts
-def test_gpu_extra_install_joins_split_wheels_and_merges_shared_folders(tmp_path, folders):
-    """`bench/gpu_extra.sh install` rebuilds a wheel split over two transfers, the parts joined in the
-    order of their names wherever each folder lies, and unpacks every wheel into one directory, also where
-    two wheels fill the same package folder (what pip's --target gets wrong); the PYTHONPATH it prints
-    makes the package importable, as nvidia-cutlass-dsl's .pth would."""
-    import zipfile
+@pytest.mark.slow
+def test_run_pipeline_gpu_runs_end_to_end_in_one_command(clone):  # noqa: F811
+    """The CPU form of the command the docs show: one command runs every step and exits 0 once all ran,
+    its summary's figures are those of the run directories it names, and the server it started is gone."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env["PREFECT_PORT"] = str(port)
+    result = subprocess.run(["bash", "-c", "MODE=cpu-tiny bash bench/run_pipeline_gpu.sh"], cwd=clone, env=env,
+                            capture_output=True, text=True, timeout=900)
+    logs = clone / "artifacts/gpu-run/logs"
+    worker_log = (logs / "worker.log").read_text()[-3000:] if (logs / "worker.log").exists() else ""
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}\nworker log:\n{worker_log}"
 
-    a, b, site = tmp_path / folders[0], tmp_path / folders[1], tmp_path / "site"
-    a.mkdir(), b.mkdir()
-    cutlass = "nvidia_cutlass_dsl/dsl_packages/cutlass"
-    big = tmp_path / "nvidia_cutlass_dsl_libs_cu13-4.7.1-cp312-cp312-manylinux_2_28_x86_64.whl"
-    with zipfile.ZipFile(big, "w") as wheel:
-        wheel.writestr(f"{cutlass}/__init__.py", "from cutlass.core import VALUE\n")
-        wheel.writestr(f"{cutlass}/_lib.bin", os.urandom(300_000))  # incompressible: parts of real size
-    with zipfile.ZipFile(a / "nvidia_cutlass_dsl_libs_core-4.7.1-py3-none-any.whl", "w") as wheel:
-        wheel.writestr(f"{cutlass}/core.py", "VALUE = 42\n")
-    data = big.read_bytes()
-    (a / f"{big.name}.part.aa").write_bytes(data[:100_000])  # split as `download` splits: aa, ab, ac
-    (b / f"{big.name}.part.ab").write_bytes(data[100_000:200_000])
-    (b / f"{big.name}.part.ac").write_bytes(data[200_000:])
-    result = subprocess.run(["bash", "bench/gpu_extra.sh", "install", str(a), str(b), str(site)], cwd=REPO,
-                            capture_output=True, text=True, check=True)
-    assert (site / cutlass / "_lib.bin").read_bytes() == zipfile.ZipFile(big).read(f"{cutlass}/_lib.bin")
-    assert not list(site.glob("*.whl"))  # the joined wheel is unpacked, then removed
-    check = subprocess.run(["bash", "-c", result.stdout + "\npython3 -c 'import cutlass; print(cutlass.VALUE)'"],
-                           capture_output=True, text=True, check=True)
-    assert check.stdout.strip() == "42"
-
-
-def test_gpu_extra_without_arguments_prints_usage():
-    result = subprocess.run(["bash", "bench/gpu_extra.sh"], cwd=REPO, capture_output=True, text=True)
-    assert result.returncode == 2 and "download" in result.stderr and "install" in result.stderr
+    summary = json.loads((clone / "artifacts/gpu-run/out/summary.json").read_text())
+    runs = {(run["flow"], run["state"]) for run in summary["flow_runs"]}
+    for flow in ("gpt2-tokenize", "gpt2-hellaswag", "gpt2-init", "gpt2-pretrain"):
+        assert (flow, "Completed") in runs, summary["flow_runs"]
+    pipeline_run = clone / summary["pipeline_run"]
+    train = [r for r in map(json.loads, (pipeline_run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert len(train) == 40 and train[-1]["loss"] < train[0]["loss"]  # the CPU mode's default STEPS
+    assert summary["loss_curve"][0] == [0, train[0]["loss"]] and summary["loss_curve"][-1] == [39, train[-1]["loss"]]
+    alone = clone / "artifacts/gpu-run/alone"
+    alone_train = [r for r in map(json.loads, (alone / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert len(alone_train) == 20 and summary["alone_tokens_per_s"] > 0 and summary["pipeline_tokens_per_s"] > 0
+    pipeline_model = json.loads((pipeline_run / "config.json").read_text())["model"]
+    assert json.loads((alone / "config.json").read_text())["model"] == pipeline_model  # the run's own config
+    with socket.socket() as s:  # the script's server is stopped: its port is free again
+        assert s.connect_ex(("127.0.0.1", port)) != 0
