@@ -95,7 +95,9 @@ class MicroStepGraph:
         """This micro-batch's loss / grad_accum (a device tensor that the next call overwrites)."""
         if self.graph is None and self.eager_steps < self.warmup:
             self.eager_steps += 1
-            return _micro_step(self.model, x, y, self.grad_accum, self.device, self.dtype)
+            # contiguous like the static buffers: a compiled model guards on its inputs' strides
+            return _micro_step(self.model, x.contiguous(), y.contiguous(), self.grad_accum, self.device, self.dtype,
+                               autocast_cache=False)
         if self.graph is None:
             self._capture(x, y)
         elif first:
@@ -114,13 +116,15 @@ class MicroStepGraph:
         self.grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         for p, g in zip(self.params, self.grads):
             p.grad = g
-        self.static_x = torch.empty_like(x, device=self.device)
-        self.static_y = torch.empty_like(y, device=self.device)
+        self.static_x = torch.empty(x.shape, dtype=x.dtype, device=self.device)  # contiguous
+        self.static_y = torch.empty(y.shape, dtype=y.dtype, device=self.device)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager micro-steps' cached blocks: the graph's pool replaces them
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            # autocast's cast cache would outlive the capture's memory; the compiled graph casts anyway
+        # a compile inside the capture cannot run (it reads values back to the host): say so if one is due
+        with torch._dynamo.config.patch(error_on_recompile=True), torch.cuda.graph(self.graph):
+            # no autocast cast cache (it would outlive the capture's memory), as in the warm-up: a compiled
+            # model guards on autocast's state
             self.static_loss = _micro_step(self.model, self.static_x, self.static_y, self.grad_accum, self.device,
                                            self.dtype, autocast_cache=False)
 
