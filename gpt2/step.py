@@ -82,7 +82,8 @@ class MicroStepGraph:
 
     def __init__(self, model: nn.Module, grad_accum: int, device: torch.device, dtype: str, warmup: int = 3):
         if isinstance(model, DDP):
-            raise ValueError("MicroStepGraph needs a model without DDP (one process); use forward_backward's eager path")
+            raise ValueError("MicroStepGraph needs a model without DDP (one process); "
+                             "use forward_backward's eager path")
         self.model, self.grad_accum, self.device, self.dtype = model, grad_accum, device, dtype
         self.warmup = warmup
         self.eager_steps = 0

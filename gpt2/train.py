@@ -47,7 +47,9 @@ def _resolve_flags(config: TrainConfig, ctx: DistContext) -> tuple[bool, bool, b
     on_cuda = ctx.device.type == "cuda"
     use_compile = on_cuda if config.compile is None else config.compile
     use_kernels = on_cuda if config.kernels is None else config.kernels
-    use_graphs = use_compile and on_cuda and not ctx.is_distributed if config.cuda_graphs is None else config.cuda_graphs
+    use_graphs = config.cuda_graphs
+    if use_graphs is None:  # DDP's gradient all-reduce is not captured
+        use_graphs = use_compile and on_cuda and not ctx.is_distributed
     if use_graphs and not on_cuda:
         raise ConfigError(f"cuda_graphs needs a CUDA device, this run is on {ctx.device}; drop --cuda-graphs")
     return use_compile, use_kernels, use_graphs
@@ -233,14 +235,15 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
     peak = peak_flops(ctx.device, config.peak_flops)
     if ctx.is_master:
         resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
-                    "compile": use_compile, "kernels": use_kernels, "cuda_graphs": use_graphs, "sdpa_backend": sdpa_backend,
-                    "num_params": num_params, "torch": torch.__version__,
+                    "compile": use_compile, "kernels": use_kernels, "cuda_graphs": use_graphs,
+                    "sdpa_backend": sdpa_backend, "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
         write_json(run_dir.config, {**config.to_dict(), "resolved": resolved})
     logger = MetricsLogger(run_dir, ctx.is_master, run.start_step, config.max_steps)
     logger.print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {config.batch_size} x "
                  f"T {config.seq_len} x grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | "
-                 f"device {ctx.device} | compile {use_compile} | CUDA graphs {use_graphs} | start step {run.start_step}/{config.max_steps}")
+                 f"device {ctx.device} | compile {use_compile} | CUDA graphs {use_graphs} | "
+                 f"start step {run.start_step}/{config.max_steps}")
 
     summary = _initial_summary(run_dir, config, start, run.start_step, logger.kept)
     for step in range(run.start_step, config.max_steps + 1):
