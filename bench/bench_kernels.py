@@ -114,7 +114,8 @@ def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[Ker
     grad_scale = torch.full((1,), 1.0 / n, device="cuda")
     floor = _floor_ms(0, 3 * n * Vp * 2, ceil)  # read the bf16 logits twice, write dlogits once
     rows = []
-    for block, warps in ((ROWS_BLOCK, ROWS_WARPS), (4096, 8), (2048, 8), (8192, 16), (4096, 16)):
+    shapes = ((ROWS_BLOCK, ROWS_WARPS), (4096, 8), (2048, 8), (2048, 16), (1024, 8), (8192, 16), (4096, 16))
+    for block, warps in shapes:
         def run(block=block, warps=warps):
             _cross_entropy_rows_kernel[(n,)](logits, logits.stride(0), targets, losses, -1, grad_scale,
                                              n_vocab=V, n_cols=Vp, COMPUTE_GRAD=True, BLOCK=block, num_warps=warps)

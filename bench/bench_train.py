@@ -13,6 +13,9 @@ MFU, peak GPU memory and step time:
                         kernels.cross_entropy.accumulate_dw (is the matmul-epilogue accumulation worth it?)
   kernels-max-autotune  the kernels path compiled with mode="max-autotune-no-cudagraphs" (Triton GEMM
                         templates with the pointwise work, GELU included, fused into their epilogues)
+  kernels-chunk-32768   the kernels path with 32,768-row classifier chunks (fewer, larger matmuls; +1.6 GB)
+  kernels-no-graphs     the kernels path with each micro-step launched kernel by kernel instead of replayed
+                        as a CUDA graph (gpt2/step.py's MicroStepGraph)
   plain                 GPT(use_kernels=False) the way build-nanogpt trains: whole model compiled, PyTorch's
                         default SDPA dispatch, fused AdamW, TF32 'high': the in-run plain-PyTorch peer
                         (bench/peer_nanogpt.py runs build-nanogpt itself)
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import datetime
 import json
 import platform
@@ -49,7 +53,7 @@ from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.metrics import flops_per_token, peak_flops
-from kernels import configure_kernels
+from kernels import configure_kernels, linear_cross_entropy
 from kernels.attention import enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
 
@@ -63,6 +67,8 @@ class Variant:
     fused_layernorm: bool = True  # False: the kernels path with add+LayerNorm left to Inductor
     dw_in_epilogue: bool = True  # False: the classifier's dW accumulated by a separate add
     compile_mode: str | None = None  # torch.compile's mode
+    cuda_graphs: bool = True  # False: micro-steps launched kernel by kernel (gpt2.train --no-cuda-graphs)
+    chunk_rows: int | None = None  # classifier rows per chunk; None: kernels.cross_entropy's default
 
 
 KERNELS_SDPA = ("cudnn", "flash")
@@ -73,6 +79,8 @@ VARIANTS = {
     "kernels-compile-ln": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fused_layernorm=False),
     "kernels-dw-add": Variant(use_kernels=True, sdpa=KERNELS_SDPA, dw_in_epilogue=False),
     "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
+    "kernels-no-graphs": Variant(use_kernels=True, sdpa=KERNELS_SDPA, cuda_graphs=False),
+    "kernels-chunk-32768": Variant(use_kernels=True, sdpa=KERNELS_SDPA, chunk_rows=32768),
     "plain": Variant(use_kernels=False, sdpa=None),
 }
 
@@ -118,14 +126,15 @@ def environment() -> dict[str, str]:
 
 
 def train_step_fn(model: torch.nn.Module, raw: GPT, optimizer: torch.optim.Optimizer,
-                  batches: torch.Tensor) -> Callable[[], torch.Tensor]:
+                  batches: torch.Tensor, cuda_graphs: bool = True) -> Callable[[], torch.Tensor]:
     """One optimizer step over batches (grad_accum, B, T+1): gpt2/step.py's, as gpt2.train calls it
     (without DDP, data loading or the outlier guard)."""
     grad_accum = batches.size(0)
+    graph = step_fns.MicroStepGraph(model, grad_accum, batches.device, "bfloat16") if cuda_graphs else None
 
     def step() -> torch.Tensor:
         micro_batches = ((tokens[:, :-1], tokens[:, 1:]) for tokens in batches)  # (B, T) each
-        loss = step_fns.forward_backward(model, micro_batches, grad_accum, batches.device, "bfloat16")
+        loss = step_fns.forward_backward(model, micro_batches, grad_accum, batches.device, "bfloat16", graph)
         step_fns.clip_gradients(raw.parameters(), 1.0)
         step_fns.optimizer_step(optimizer, 6e-4)
         return loss
@@ -142,7 +151,10 @@ def measure_variant(variant: str, descriptor: str, B: int, T: int, grad_accum: i
                  else unittest.mock.patch.object(gpt2.model, "add_layernorm", inductor_add_layernorm))
     dw = (contextlib.nullcontext() if spec.dw_in_epilogue
           else unittest.mock.patch.object(kernels.cross_entropy, "accumulate_dw", separate_add_dw))
-    with layernorm, dw:
+    chunk = (contextlib.nullcontext() if spec.chunk_rows is None
+             else unittest.mock.patch.object(gpt2.model, "linear_cross_entropy",
+                                             functools.partial(linear_cross_entropy, chunk_rows=spec.chunk_rows)))
+    with layernorm, dw, chunk:
         return _measure(variant, spec, descriptor, B, T, grad_accum, steps, warmup, profile_path)
 
 
@@ -162,7 +174,7 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
     model = torch.compile(raw, mode=spec.compile_mode)
     g = torch.Generator(device="cuda").manual_seed(1337)
     batches = torch.randint(0, config.vocab_size, (grad_accum, B, T + 1), device="cuda", generator=g)
-    step = train_step_fn(model, raw, optimizer, batches)
+    step = train_step_fn(model, raw, optimizer, batches, spec.cuda_graphs)
     for _ in range(warmup):  # compile, autotune, allocator warm-up
         step()
     torch.cuda.synchronize()

@@ -101,6 +101,7 @@ for run_dir in map(RunDir, sorted(out.glob("run_*gpu"))):
         "timed_steps": len(steps),
         "kernels": resolved["kernels"],
         "compile": resolved["compile"],
+        "cuda_graphs": resolved.get("cuda_graphs"),
         "sdpa_backend": resolved["sdpa_backend"],
     }
 summary = {

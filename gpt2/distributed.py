@@ -54,11 +54,12 @@ def autocast_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
     return torch.float32
 
 
-def autocast_context(device: torch.device, dtype: str = "auto") -> contextlib.AbstractContextManager:
+def autocast_context(device: torch.device, dtype: str = "auto",
+                     cache: bool = True) -> contextlib.AbstractContextManager:
     """bf16 autocast of the forward pass when `autocast_dtype` says bf16 (parameters, gradients and
-    optimizer state stay float32)."""
+    optimizer state stay float32). cache=False: no cast cache (required while capturing a CUDA graph)."""
     if autocast_dtype(device, dtype) == torch.bfloat16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
 
 

@@ -145,7 +145,8 @@ class GPT(nn.Module):
         Targets equal to -1 are ignored by the loss. `return_logits=False` lets the training step
         skip keeping the full logits alive when it only needs the loss.
         """
-        if not torch.compiler.is_compiling():  # data-dependent checks stay out of compiled graphs
+        # data-dependent checks (a host sync) stay out of compiled and CUDA graphs
+        if not (torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing())):
             self._check_input(idx, targets)
         B, T = idx.size()
         V = self.config.vocab_size

@@ -6,6 +6,9 @@
     loss = forward_backward(model, batches, grad_accum, device, "bfloat16")  # device tensor, no host sync
     norm = clip_gradients(model.parameters(), max_norm=1.0)
     optimizer_step(optimizer, lr)
+
+On one CUDA process, `MicroStepGraph(model, grad_accum, device, dtype)` passed as forward_backward's
+`graph` replays each micro-step as a CUDA graph once it has warmed up.
 """
 
 from __future__ import annotations
@@ -27,31 +30,104 @@ def forward_backward(
     grad_accum: int,
     device: torch.device,
     dtype: str,
+    graph: MicroStepGraph | None = None,
 ) -> torch.Tensor:
     """Forward and backward over `grad_accum` (inputs, targets) micro-batches of `batches`.
 
     Returns the loss averaged over the micro-batches as a device tensor (reading it is the caller's
     host sync). Gradients are summed into .grad (fp32: the parameters are) as the mean over all
     micro-batches; a DDP-wrapped model all-reduces them in the last micro-batch's backward only.
+    With `graph` (built for this model and grad_accum), each micro-step runs through it.
     """
     model.train()
     loss_accum = torch.zeros((), device=device)
     micro_steps = 0
     # zip pulls from range first: a loader-backed iterator is never read past grad_accum batches
     for micro_step, (x, y) in zip(range(grad_accum), batches):
-        last = micro_step == grad_accum - 1
-        # DDP all-reduces gradients in backward; only the last micro-step's backward needs to
-        sync = model.no_sync() if isinstance(model, DDP) and not last else nullcontext()
-        with sync:
-            with autocast_context(device, dtype):
-                _, loss = model(x, y, return_logits=False)
-            loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
-            loss_accum += loss.detach().float()
-            loss.backward()
+        if graph is not None:
+            loss_accum += graph(x, y, first=micro_step == 0)
+        else:
+            last = micro_step == grad_accum - 1
+            # DDP all-reduces gradients in backward; only the last micro-step's backward needs to
+            with model.no_sync() if isinstance(model, DDP) and not last else nullcontext():
+                loss_accum += _micro_step(model, x, y, grad_accum, device, dtype)
         micro_steps += 1
     if micro_steps != grad_accum:
         raise ValueError(f"forward_backward got {micro_steps} micro-batches, expected grad_accum={grad_accum}")
     return loss_accum
+
+
+def _micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int, device: torch.device,
+                dtype: str, autocast_cache: bool = True) -> torch.Tensor:
+    """One micro-batch's forward and backward; returns its loss / grad_accum, detached, in fp32."""
+    with autocast_context(device, dtype, cache=autocast_cache):
+        _, loss = model(x, y, return_logits=False)
+    loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
+    loss.backward()
+    return loss.detach().float()
+
+
+class MicroStepGraph:
+    """A micro-step's forward and backward captured once as a CUDA graph, then replayed for every
+    micro-batch: one launch instead of ~800, so the GPU no longer idles while the CPU issues kernels
+    (the CuTe DSL kernels of the gpu extra take tens of microseconds of Python each).
+
+    The first `warmup` micro-steps run eagerly (torch.compile compiles, Triton autotunes, the .grad
+    tensors come into being); the next is captured. A graph replays fixed addresses, so inputs are
+    copied into static buffers, and gradients are summed into the same .grad tensors every step: this
+    object keeps them, and at each step's first micro-step zeroes them in place and hands them back
+    to the parameters (optimizer_step drops them). One process only: DDP's gradient all-reduce is not
+    captured.
+    """
+
+    def __init__(self, model: nn.Module, grad_accum: int, device: torch.device, dtype: str, warmup: int = 3):
+        if isinstance(model, DDP):
+            raise ValueError("MicroStepGraph needs a model without DDP (one process); "
+                             "use forward_backward's eager path")
+        self.model, self.grad_accum, self.device, self.dtype = model, grad_accum, device, dtype
+        self.warmup = warmup
+        self.eager_steps = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.grads: list[torch.Tensor] = []
+        self.static_x = self.static_y = self.static_loss = None
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, first: bool) -> torch.Tensor:
+        """This micro-batch's loss / grad_accum (a device tensor that the next call overwrites)."""
+        if self.graph is None and self.eager_steps < self.warmup:
+            self.eager_steps += 1
+            # contiguous like the static buffers: a compiled model guards on its inputs' strides
+            return _micro_step(self.model, x.contiguous(), y.contiguous(), self.grad_accum, self.device, self.dtype,
+                               autocast_cache=False)
+        if self.graph is None:
+            self._capture(x, y)
+        elif first:
+            torch._foreach_zero_(self.grads)
+            for p, g in zip(self.params, self.grads):
+                p.grad = g
+        self.static_x.copy_(x, non_blocking=True)
+        self.static_y.copy_(y, non_blocking=True)
+        self.graph.replay()
+        return self.static_loss
+
+    def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Records one micro-step (capturing runs nothing: the caller replays it for this batch)."""
+        # gradients that do not exist yet (a step's first micro-step, an unused parameter) start at
+        # zero outside the graph's memory pool, so backward adds into them in place
+        self.grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+        self.static_x = torch.empty(x.shape, dtype=x.dtype, device=self.device)  # contiguous
+        self.static_y = torch.empty(y.shape, dtype=y.dtype, device=self.device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # the eager micro-steps' cached blocks: the graph's pool replaces them
+        self.graph = torch.cuda.CUDAGraph()
+        # a compile inside the capture cannot run (it reads values back to the host): say so if one is due
+        with torch._dynamo.config.patch(error_on_recompile=True), torch.cuda.graph(self.graph):
+            # no autocast cast cache (it would outlive the capture's memory), as in the warm-up: a compiled
+            # model guards on autocast's state
+            self.static_loss = _micro_step(self.model, self.static_x, self.static_y, self.grad_accum, self.device,
+                                           self.dtype, autocast_cache=False)
 
 
 def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:

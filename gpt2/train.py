@@ -41,12 +41,18 @@ from gpt2.sample import sample_text
 from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
 from gpt2.weights import load_model
 
-def _resolve_flags(config: TrainConfig, device: torch.device) -> tuple[bool, bool]:
-    """(compile, kernels): explicit values win, otherwise on for CUDA and off for the CPU."""
-    on_cuda = device.type == "cuda"
+def _resolve_flags(config: TrainConfig, ctx: DistContext) -> tuple[bool, bool, bool]:
+    """(compile, kernels, cuda_graphs): explicit values win; otherwise compile and kernels are on for CUDA
+    and off for the CPU, and CUDA graphs are on wherever compile is, on one process."""
+    on_cuda = ctx.device.type == "cuda"
     use_compile = on_cuda if config.compile is None else config.compile
     use_kernels = on_cuda if config.kernels is None else config.kernels
-    return use_compile, use_kernels
+    use_graphs = config.cuda_graphs
+    if use_graphs is None:  # DDP's gradient all-reduce is not captured
+        use_graphs = use_compile and on_cuda and not ctx.is_distributed
+    if use_graphs and not on_cuda:
+        raise ConfigError(f"cuda_graphs needs a CUDA device, this run is on {ctx.device}; drop --cuda-graphs")
+    return use_compile, use_kernels, use_graphs
 
 
 @dataclass
@@ -99,7 +105,8 @@ def _starting_point(run_dir: RunDir, config: TrainConfig, model_config: GPTConfi
 
 
 def forward_backward(
-    model: nn.Module, loader: Any, grad_accum: int, config: TrainConfig, ctx: DistContext
+    model: nn.Module, loader: Any, grad_accum: int, config: TrainConfig, ctx: DistContext,
+    graph: step_fns.MicroStepGraph | None = None,
 ) -> tuple[float, float]:
     """Forward/backward over `grad_accum` micro-batches; returns (loss averaged over ranks, grad norm).
 
@@ -108,7 +115,7 @@ def forward_backward(
     """
     batches = ((x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True))
                for x, y in (loader.next_batch() for _ in range(grad_accum)))
-    loss = step_fns.forward_backward(model, batches, grad_accum, ctx.device, config.dtype)
+    loss = step_fns.forward_backward(model, batches, grad_accum, ctx.device, config.dtype, graph)
     all_reduce_mean(loss, ctx)
     norm = step_fns.clip_gradients(model.parameters(), config.grad_clip)
     return loss.item(), norm.item()
@@ -216,25 +223,27 @@ def _initial_summary(run_dir: RunDir, config: TrainConfig, start: _Start, start_
 
 def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: DistContext) -> dict[str, Any]:
     grad_accum = config.grad_accum_steps(ctx.world_size)
-    use_compile, use_kernels = _resolve_flags(config, ctx.device)
+    use_compile, use_kernels, use_graphs = _resolve_flags(config, ctx)
     torch.manual_seed(config.seed)
     sdpa_backend = _configure_cuda(config, model_config, ctx, use_kernels)
     start = _starting_point(run_dir, config, model_config, ctx, use_kernels)
     run = _build_run(config, model_config, ctx, use_compile, use_kernels, start)
+    graph = step_fns.MicroStepGraph(run.model, grad_accum, ctx.device, config.dtype) if use_graphs else None
 
     num_params = run.raw_model.num_parameters()
     flops_per_step = flops_per_token(model_config, num_params, config.seq_len) * config.total_batch_size
     peak = peak_flops(ctx.device, config.peak_flops)
     if ctx.is_master:
         resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
-                    "compile": use_compile, "kernels": use_kernels, "sdpa_backend": sdpa_backend,
-                    "num_params": num_params, "torch": torch.__version__,
+                    "compile": use_compile, "kernels": use_kernels, "cuda_graphs": use_graphs,
+                    "sdpa_backend": sdpa_backend, "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
         write_json(run_dir.config, {**config.to_dict(), "resolved": resolved})
     logger = MetricsLogger(run_dir, ctx.is_master, run.start_step, config.max_steps)
     logger.print(f"model {config.model}: {num_params:,} params | world {ctx.world_size} x B {config.batch_size} x "
                  f"T {config.seq_len} x grad_accum {grad_accum} = {config.total_batch_size:,} tokens/step | "
-                 f"device {ctx.device} | compile {use_compile} | start step {run.start_step}/{config.max_steps}")
+                 f"device {ctx.device} | compile {use_compile} | CUDA graphs {use_graphs} | "
+                 f"start step {run.start_step}/{config.max_steps}")
 
     summary = _initial_summary(run_dir, config, start, run.start_step, logger.kept)
     for step in range(run.start_step, config.max_steps + 1):
@@ -246,7 +255,7 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
         t0 = time.perf_counter()
         lr = lr_at(step, config.lr, config.max_steps, config.warmup_steps, config.lr_schedule,
                    config.final_lr_frac, config.decay_frac)
-        loss, norm = forward_backward(run.model, run.train_loader, grad_accum, config, ctx)
+        loss, norm = forward_backward(run.model, run.train_loader, grad_accum, config, ctx, graph)
         decision = run.guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
             logger.print(f"step {step + 1}: update skipped: {decision.reason}")

@@ -95,6 +95,8 @@ class TrainConfig:
                       "bfloat16 or float32; weights, gradients and optimizer state are always float32")
     compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
     kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
+    cuda_graphs: bool | None = _opt(None, "replay each micro-step as a CUDA graph (CUDA, one process); "
+                                    "default: on where compile is, on one process")
     zero1: bool = _opt(False, "ZeRO-1: shard the AdamW state across the DDP ranks (each holds 1/world of it); "
                        "no effect on one process")
     log_every: int = _opt(1, "print a log line every N steps (metrics.jsonl gets every step)")
@@ -253,6 +255,11 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
             problems.append(f"{name} must lie in [0, 1], got {getattr(config, name)}")
     if not (0 <= config.beta1 < 1 and 0 <= config.beta2 < 1):
         problems.append(f"beta1/beta2 must lie in [0, 1), got {config.beta1}/{config.beta2}")
+    if config.cuda_graphs and config.device == "cpu":
+        problems.append("cuda_graphs needs a CUDA device, this run is on the CPU; drop --cuda-graphs")
+    if config.cuda_graphs and world_size > 1:
+        problems.append(f"cuda_graphs needs one process (DDP's gradient all-reduce is not captured), this run has "
+                        f"{world_size}; drop --cuda-graphs (the default turns them off for several processes)")
 
     if model.vocab_size != VOCAB_SIZE:  # samples and HellaSwag are GPT-2 tokens
         uses_tokenizer = {"sample_every": config.sample_every,

@@ -68,10 +68,12 @@ def _cross_entropy_rows_kernel(
     tl.store(losses_ptr + row, tl.where(valid, lse - target_logit, 0.0))
 
     if COMPUTE_GRAD:
-        # pass 2: dloss/dlogits = (softmax - onehot) * grad_scale
+        # pass 2: dloss/dlogits = (softmax - onehot) * grad_scale, last block first: the blocks pass 1
+        # read last are the likeliest to be still in L2
         grad_scale = tl.load(grad_scale_ptr)
-        for start in range(0, n_cols, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
+        n_blocks: tl.constexpr = (n_cols + BLOCK - 1) // BLOCK
+        for i in range(0, n_blocks):
+            cols = (n_blocks - 1 - i) * BLOCK + tl.arange(0, BLOCK)
             z = tl.load(row_ptr + cols, mask=cols < n_vocab, other=float("-inf")).to(tl.float32)
             grad = tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)
             grad = tl.where(valid, grad * grad_scale, 0.0)

@@ -8,7 +8,7 @@ import torch
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
-from gpt2.step import clip_gradients, forward_backward, optimizer_step
+from gpt2.step import MicroStepGraph, clip_gradients, forward_backward, optimizer_step
 
 CPU = torch.device("cpu")
 
@@ -69,3 +69,67 @@ def test_clip_then_update_and_skip():
     assert optimizer.param_groups[0]["lr"] == 1e-2
     assert all(p.grad is None for p in model.parameters())
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_cuda_graphs_need_one_cuda_process(tmp_path):
+    """A graph would replay without DDP's gradient all-reduce, and the CPU has none: both refused with
+    what to change, the CPU case by the command a user types; the default on several ranks is valid."""
+    import subprocess
+    import sys
+
+    from gpt2.train_config import ConfigError, TrainConfig, validate
+
+    small = dict(batch_size=4, seq_len=64, total_batch_size=512)
+    with pytest.raises(ConfigError, match="cuda_graphs needs one process .* this run has 2; drop --cuda-graphs"):
+        validate(TrainConfig(cuda_graphs=True, **small), world_size=2, check_inputs=False)
+    validate(TrainConfig(**small), world_size=2, check_inputs=False)
+    with pytest.raises(ValueError, match="without DDP"):
+        MicroStepGraph(torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel),
+                       1, CPU, "float32")
+    run = subprocess.run([sys.executable, "-m", "gpt2.train", "--device", "cpu", "--cuda-graphs", "--model", "d6",
+                          "--out-dir", str(tmp_path / "run"), "--train-data", str(tmp_path / "none_*.bin")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    assert "cuda_graphs needs a CUDA device, this run is on the CPU; drop --cuda-graphs" in run.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def graphed_and_eager_runs(use_kernels: bool, steps: int = 3, grad_accum: int = 3):
+    """The same model trained `steps` optimizer steps eagerly and through MicroStepGraph (warm-up 2, so
+    the capture falls mid-step); yields (eager params, graphed params, eager loss, graphed loss) per step."""
+    from kernels import configure_kernels
+    from kernels.attention import enable_all_sdpa_backends
+
+    cuda = torch.device("cuda")
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=128, block_size=64, vocab_size=512)
+    if use_kernels:  # the training default: checked attention backend, FA4 and quack where installed
+        configure_kernels(config.n_head, config.head_size)
+    try:
+        models = [GPT.create(config, seed=5, device=cuda, use_kernels=use_kernels) for _ in range(2)]
+        runs = [torch.compile(m) if use_kernels else m for m in models]
+        optimizers = [configure_optimizer(m, lr=1e-3, weight_decay=0.1, fused=True) for m in models]
+        graph = MicroStepGraph(runs[1], grad_accum, cuda, "bfloat16", warmup=2)
+        g = torch.Generator(device=cuda).manual_seed(0)
+        for _ in range(steps):
+            tokens = torch.randint(0, 512, (grad_accum, 4, 65), device=cuda, generator=g)
+            losses = []
+            for run, optimizer, step_graph in zip(runs, optimizers, (None, graph)):
+                micro = [(t[:, :-1], t[:, 1:]) for t in tokens]  # a fresh batch every micro-step
+                losses.append(forward_backward(run, micro, grad_accum, cuda, "bfloat16", step_graph))
+                clip_gradients(run.parameters(), 1.0)
+                optimizer_step(optimizer, lr=1e-3)
+            yield [p.detach() for p in models[0].parameters()], [p.detach() for p in models[1].parameters()], *losses
+    finally:
+        enable_all_sdpa_backends()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_kernels", [False, True], ids=["plain-eager", "kernels-compiled"])
+def test_cuda_graph_steps_equal_eager_steps_bit_for_bit(use_kernels):
+    """Replayed micro-steps compute what eager ones do, on fresh inputs each time, with each step's
+    gradients starting from zero: the parameters after every step are identical (a graph that kept its
+    captured batch or last step's gradients would differ at once)."""
+    for step, (eager, graphed, eager_loss, graphed_loss) in enumerate(graphed_and_eager_runs(use_kernels)):
+        assert torch.equal(eager_loss, graphed_loss), f"step {step}: loss {graphed_loss} != eager {eager_loss}"
+        for i, (a, b) in enumerate(zip(eager, graphed)):
+            assert torch.equal(a, b), f"step {step}, parameter {i}: max |diff| {(a - b).abs().max().item():.3e}"
