@@ -142,8 +142,9 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
                                     zero1=config.zero1 and ctx.is_distributed)
     guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
-    train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, shuffle=config.shuffle, seed=config.seed)
-    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world) if config.val_every else None
+    train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, order=config.train_order,
+                                         seed=config.seed)
+    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world, order="file") if config.val_every else None
 
     if state is not None and "optimizer" in state:  # step 0 holds only the model
         if state["world_size"] != world:
