@@ -193,6 +193,9 @@ class DistributedDataLoader:
                 f"the loader state was saved with other {', '.join(differing)} than this loader has; resume with "
                 f"the same shards, B, T, number of processes, order and seed"
             )
+        if state["epoch"] < 0 or not 0 <= state["shard_pos"] < len(self.files):
+            raise ValueError(f"the loader state's epoch {state['epoch']} / shard_pos {state['shard_pos']} is not a "
+                             f"position of these {len(self.files)} shards")
         self._seek(state["epoch"], state["shard_pos"])
         if not 0 <= state["sample_pos"] < len(self.sample_order):
             raise ValueError(f"sample_pos {state['sample_pos']} is outside shard {self.files[self.shard_idx]}")

@@ -119,6 +119,8 @@ def test_state_from_other_settings_is_refused(many_shards):
     state = DistributedDataLoader(many_shards, B=1, T=4, seed=3).state_dict()
     with pytest.raises(ValueError, match="saved with other seed"):
         DistributedDataLoader(many_shards, B=1, T=4, seed=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="shard_pos 4 is not a position of these 4 shards"):
+        DistributedDataLoader(many_shards, B=1, T=4, seed=3).load_state_dict({**state, "shard_pos": 4})
 
 
 def test_bad_shards_are_named(tmp_path):
