@@ -8,6 +8,7 @@ the values below, read off llm.c's scripts/run_gpt2_124M.sh and train_gpt2.cu (c
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,7 @@ def table_rows() -> list[dict]:
     return rows
 
 
+@functools.cache
 def deployment_settings():
     from flows.config import check_settings
 
