@@ -98,9 +98,13 @@ class TrainConfig:
     # runtime
     device: str = _opt("auto", "auto (cuda if available), cuda or cpu")
     dtype: str = _opt("auto", "autocast dtype of the forward pass: auto (bfloat16 on CUDA, float32 on CPU), "
-                      "bfloat16 or float32; weights, gradients and optimizer state are always float32")
+                      "bfloat16 or float32; weights, gradients and optimizer state are float32 tensors")
     compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
     kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
+    master_weights: bool | None = _opt(
+        None, "llm.c's -w: AdamW updates float32 master weights and the forward pass reads them stochastically "
+        "rounded to bfloat16; off: the forward casts the float32 weights round-to-nearest; default: on when the "
+        "forward computes in bfloat16")
     zero1: bool = _opt(False, "ZeRO-1: shard the AdamW state across the DDP ranks (each holds 1/world of it); "
                        "no effect on one process")
     log_every: int = _opt(1, "print a log line every N steps (metrics.jsonl gets every step)")
