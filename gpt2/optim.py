@@ -109,7 +109,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
         if not params:
             return
         generator = torch.Generator(params[0].device)
-        generator.manual_seed(((group["rounding_seed"] & 0xFFFFFFFF) << 32) | (step & 0xFFFFFFFF))
+        # hashed to 32 bits: the CPU generator (mt19937) ignores a seed's higher bits
+        generator.manual_seed(int(np.random.SeedSequence([group["rounding_seed"], step]).generate_state(1)[0]))
         for p in params:
             random16 = torch.randint(0, 1 << 16, p.shape, generator=generator, device=p.device, dtype=torch.int32)
             p.copy_(stochastic_round_bf16(self.state[p]["master"], random16))
