@@ -54,7 +54,8 @@ def deployment_settings():
 def resolved(settings, name: str):
     from flows.config import training_setting_names
 
-    return settings.training_value(name) if name in training_setting_names() else getattr(settings, name)
+    value = settings.training_value(name) if name in training_setting_names() else getattr(settings, name)
+    return "auto" if value is None else value  # None: gpt2.train decides per device (its --help says how)
 
 
 def parsed(cell: str):
