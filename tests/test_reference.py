@@ -94,12 +94,18 @@ def test_each_row_states_llmcs_value_and_the_deployments(row):
 
 def test_the_cross_check_figures_are_those_of_the_committed_runs(tmp_path):
     """docs/reference.md's cross-check tables, recomputed from the raw outputs under bench/results by the
-    script that made them."""
+    script that made them: ours at today's defaults (master weights) and ours before master weights, each
+    against the same llm.c run."""
     from bench.crosscheck_llmc import compare
 
-    results = REPO / "bench" / "results" / "2026-11-24" / "crosscheck-llmc-h100"
-    noise = [f"ours_nokernels={results / 'ours_nokernels.metrics.jsonl'}", f"llmc_ge2={results / 'llmc_ge2.log'}"]
-    summary = compare(results / "llmc.log", results / "ours.metrics.jsonl", noise, tmp_path, tokens_per_step=65536)
+    results = REPO / "bench" / "results" / "2026-11-24"
+    llmc, llmc_noise = results / "crosscheck-llmc-h100" / "llmc.log", results / "crosscheck-llmc-h100" / "llmc_ge2.log"
+    ours = results / "crosscheck-llmc-h100-master-weights" / "ours.metrics.jsonl"
+    before = results / "crosscheck-llmc-h100"
+    summary = compare(llmc, ours, [f"llmc_ge2={llmc_noise}"], tmp_path / "now", tokens_per_step=65536)
+    earlier = compare(llmc, before / "ours.metrics.jsonl",
+                      [f"ours_nokernels={before / 'ours_nokernels.metrics.jsonl'}"], tmp_path / "before",
+                      tokens_per_step=65536)
     text = (REPO / "docs" / "reference.md").read_text()
 
     def cells(stats: dict) -> str:
@@ -107,11 +113,18 @@ def test_the_cross_check_figures_are_those_of_the_committed_runs(tmp_path):
         first = f"{windows[0]['max_abs']:.3f} / {windows[0]['mean_abs']:.3f}"  # step 0 alone: no "at step"
         return " | ".join([first, *(f"{w['max_abs']:.3f} ({w['at_step']}) / {w['mean_abs']:.3f}" for w in windows[1:])])
 
+    def val_row(name: str, values: dict) -> str:
+        return f"| {name} | " + " | ".join(f"{v:.4f}" for v in values.values()) + " |"
+
     assert f"| llm.c vs ours | {cells(summary['llmc_vs_ours'])} |" in text
     assert f"| noise: llm.c vs llm.c `-ge 2` | {cells(summary['noise']['llmc_ge2'])} |" in text
-    assert f"| noise: ours vs ours `--no-kernels` | {cells(summary['noise']['ours_nokernels'])} |" in text
-    val = summary["val"]
-    assert (f"| llm.c `train_gpt2cu` | " + " | ".join(f"{v:.4f}" for v in val["llmc"].values()) + " |") in text
-    assert (f"| ours, `gpt2.train` defaults | " + " | ".join(f"{v:.4f}" for v in val["ours"].values()) + " |") in text
-    tokens_per_s = summary["tokens_per_s"]
-    assert f"llm.c {tokens_per_s['llmc']:,.0f}" in text and f"ours {tokens_per_s['ours']:,.0f}" in text
+    assert f"| llm.c vs ours without master weights | {cells(earlier['llmc_vs_ours'])} |" in text
+    assert (f"| noise: ours vs ours `--no-kernels`, both without master weights | "
+            f"{cells(earlier['noise']['ours_nokernels'])} |") in text
+    assert val_row("llm.c `train_gpt2cu`", summary["val"]["llmc"]) in text
+    assert val_row("ours, `gpt2.train` defaults", summary["val"]["ours"]) in text
+    assert val_row("llm.c `-ge 2` (noise)", summary["val"]["llmc_ge2"]) in text
+    assert val_row("ours without master weights", earlier["val"]["ours"]) in text
+    assert val_row("ours without master weights, `--no-kernels` (noise)", earlier["val"]["ours_nokernels"]) in text
+    assert f"llm.c {summary['tokens_per_s']['llmc']:,.0f}" in text and f"ours {summary['tokens_per_s']['ours']:,.0f}" in text
+    assert f"without\nmaster weights {earlier['tokens_per_s']['ours']:,.0f}" in text
