@@ -88,18 +88,24 @@ class MasterWeightAdamW(torch.optim.AdamW):
     @torch.no_grad()
     def step(self, closure=None):
         params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
-        # AdamW updates the masters' values; a first step starts from the parameters (llm.c copies them too)
+        self._load_masters(params)
+        loss = super().step(closure)
+        self._store_masters(params)
+        self._round_params(params)
+        return loss
+
+    def _load_masters(self, params: list[torch.Tensor]) -> None:
+        """AdamW updates the masters' values; a first step starts from the parameters (llm.c copies them too)."""
         with_master = [p for p in params if "master" in self.state[p]]
         if with_master:
             torch._foreach_copy_(with_master, [self.state[p]["master"] for p in with_master])
-        loss = super().step(closure)
+
+    def _store_masters(self, params: list[torch.Tensor]) -> None:
         for p in params:
-            if "master" in self.state[p]:
-                self.state[p]["master"].copy_(p)
-            else:
-                self.state[p]["master"] = p.detach().clone()
-        self._round_params(params)
-        return loss
+            if "master" not in self.state[p]:
+                self.state[p]["master"] = torch.empty_like(p)
+        if params:
+            torch._foreach_copy_([self.state[p]["master"] for p in params], params)
 
     def _round_params(self, params: list[torch.Tensor]) -> None:
         group = self.param_groups[0]
