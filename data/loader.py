@@ -1,15 +1,22 @@
-"""Distributed data loader over llm.c token shards, following llm.c's DistributedDataLoader.
+"""Distributed data loader over llm.c token shards: llm.c's DataLoader (llmc/dataloader.h), batch for batch.
 
 Within a shard, the tokens are cut into samples of B*T+1 tokens (x is the first B*T, y the last B*T, i.e.
-x shifted by one). Sample i of rank r of P starts at token (i*P + r)*B*T, so the P ranks together read
-P*B*T consecutive tokens per step and never overlap. A shard of ntok tokens holds (ntok-1) // (P*B*T)
-samples per rank; when the next sample would not fit, the loader moves on to the next shard, and after
-the last shard it starts a new epoch at the first.
+x shifted by one). Sample i of process r of P starts at token (i*P + r)*B*T, so the P processes together
+read P*B*T consecutive tokens per step and never overlap. A shard of ntok tokens holds (ntok-1) // (P*B*T)
+samples per process; after a shard's last sample the loader moves on to the next shard, and after the last
+shard it starts a new epoch.
 
-With shuffle=True, every epoch visits the shards in a random order and each shard's samples in a random
-order, drawn from a generator seeded by (seed, rank, epoch[, shard]); so ranks differ, and any position
-can be recomputed from (epoch, shard position, sample position) alone. That triple is the whole state:
-`state_dict()` / `load_state_dict()` resume with exactly the batch that would have been read next.
+`order` says which shard and sample comes next:
+- "llmc" (the default, what llm.c's train_gpt2.cu does for training): each epoch shuffles the shard order
+  (the previous epoch's order, shuffled again) and, on entering a shard, shuffles its samples, all with
+  llm.c's mt19937 seeded `seed + process_rank` and its random_permutation (data.llmc_rng), drawn in llm.c's
+  order; so each process has its own order, as in llm.c.
+- "file": shards in sorted-glob (or list) order, samples front to back (llm.c's unpermuted loader, which it
+  uses for validation).
+
+The position (epoch, shard position, sample position) is the whole state: `state_dict()` holds plain ints
+and strings, and `load_state_dict()` replays the generator's draws up to that position, so a resumed run
+continues with exactly the batch that would have come next.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ import numpy as np
 import torch
 
 from common.files import read_json
+from data.llmc_rng import Mt19937, random_permutation
 from data.shards import MANIFEST, ShardError, read_shard, shard_num_tokens, shard_problem
 from data.tokenizer import VOCAB_SIZE
+
+ORDERS = ("llmc", "file")  # the training batch orders; see the module docstring
 
 
 def resolve_shards(files_or_glob: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -50,51 +60,70 @@ def _manifest_records(files: list[Path]) -> dict[Path, dict]:
 
 
 class DistributedDataLoader:
-    """Yields (x, y) int64 CPU tensors of shape (B, T) for rank `rank` of `world_size`."""
+    """Yields (x, y) int64 CPU tensors of shape (B, T) for process `process_rank` of `num_processes`.
+
+    files_or_glob: a glob pattern (its matches, sorted) or a list of shard paths (kept in order).
+    order: "llmc" (llm.c's permuted training order, the default) or "file"; seed: llm.c's is 42.
+    """
 
     def __init__(
         self,
         files_or_glob: str | os.PathLike | Sequence[str | os.PathLike],
         B: int,
         T: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = False,
+        process_rank: int = 0,
+        num_processes: int = 1,
+        order: str = "llmc",
         seed: int = 42,
     ):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        if not 0 <= process_rank < num_processes:
+            raise ValueError(f"process_rank must lie in [0, num_processes={num_processes}), got {process_rank}")
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         self.files = resolve_shards(files_or_glob)
-        self.B, self.T, self.rank, self.world_size = B, T, rank, world_size
-        self.shuffle, self.seed = shuffle, seed
-        self.tokens_per_step = world_size * B * T  # tokens all ranks read together per batch
+        self.B, self.T, self.process_rank, self.num_processes = B, T, process_rank, num_processes
+        self.order, self.seed = order, seed
+        self.tokens_per_step = num_processes * B * T  # tokens all processes read together per batch
         self.samples_per_shard = []
         self.manifest_records = _manifest_records(self.files)
         for path in self.files:  # validate every header and size now, not hours into training
             ntok = shard_num_tokens(path)
             if ntok < self.tokens_per_step + 1:
                 raise ShardError(
-                    f"{path}: {ntok} tokens, fewer than one step of world_size*B*T+1 = {self.tokens_per_step + 1}"
+                    f"{path}: {ntok} tokens, fewer than one step of num_processes*B*T+1 = {self.tokens_per_step + 1}"
                 )
             self.samples_per_shard.append((ntok - 1) // self.tokens_per_step)
         self.reset()
 
     # -- positions ------------------------------------------------------------------------------------
 
-    def _rng(self, *key: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, self.rank, *key])
+    def _seek(self, epoch: int, shard_pos: int) -> None:
+        """Stand at the first sample of the shard_pos-th shard of `epoch`, with the generator where llm.c's
+        is there: its draws before that point are replayed (shard orders applied, sample orders skipped)."""
+        self.rng = Mt19937(self.seed + self.process_rank) if self.order == "llmc" else None
+        self.shard_order = list(range(len(self.files)))
+        for e in range(epoch + 1):
+            self._shuffle(self.shard_order)
+            for pos in range(len(self.files) if e < epoch else shard_pos):
+                self._skip_shuffle(self.samples_per_shard[self.shard_order[pos]])
+        self.epoch, self.shard_pos, self.sample_pos = epoch, shard_pos, 0
+        self._enter_shard()
 
-    def _shard_order(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.files))
-        return self._rng(self.epoch).permutation(len(self.files))
+    def _shuffle(self, items: list[int]) -> None:
+        if self.rng is not None:
+            random_permutation(items, self.rng)
+
+    def _skip_shuffle(self, n: int) -> None:
+        """Advance the generator past the shuffle of n items (random_permutation draws n - 1 numbers)."""
+        if self.rng is not None:
+            self.rng.skip(n - 1)
 
     def _enter_shard(self) -> None:
         """Map the shard at self.shard_pos of this epoch's order and fix its sample order."""
-        self.shard_idx = int(self._shard_order()[self.shard_pos])
+        self.shard_idx = self.shard_order[self.shard_pos]
         self.tokens = self._verified_tokens(self.files[self.shard_idx])
-        n = self.samples_per_shard[self.shard_idx]
-        self.sample_order = self._rng(self.epoch, self.shard_idx).permutation(n) if self.shuffle else np.arange(n)
+        self.sample_order = list(range(self.samples_per_shard[self.shard_idx]))
+        self._shuffle(self.sample_order)
 
     def _verified_tokens(self, path: Path) -> np.ndarray:
         """The shard's tokens, checked before use: against its manifest's sha256 where a manifest.json beside
@@ -113,8 +142,7 @@ class DistributedDataLoader:
 
     def reset(self) -> None:
         """Go back to the first batch of epoch 0."""
-        self.epoch, self.shard_pos, self.sample_pos = 0, 0, 0
-        self._enter_shard()
+        self._seek(0, 0)
 
     def _advance(self) -> None:
         self.sample_pos += 1
@@ -122,17 +150,18 @@ class DistributedDataLoader:
             return
         self.sample_pos = 0
         self.shard_pos += 1
-        if self.shard_pos == len(self.files):
+        if self.shard_pos == len(self.files):  # a new epoch: llm.c reshuffles the current shard order
             self.shard_pos = 0
             self.epoch += 1
+            self._shuffle(self.shard_order)
         self._enter_shard()
 
     # -- batches --------------------------------------------------------------------------------------
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         B, T = self.B, self.T
-        sample = int(self.sample_order[self.sample_pos])
-        start = sample * self.tokens_per_step + self.rank * B * T
+        sample = self.sample_order[self.sample_pos]
+        start = sample * self.tokens_per_step + self.process_rank * B * T
         buf = torch.from_numpy(self.tokens[start : start + B * T + 1].astype(np.int64))
         x = buf[:-1].view(B, T)  # (B, T)
         y = buf[1:].view(B, T)  # (B, T): the next token of each position of x
@@ -146,9 +175,9 @@ class DistributedDataLoader:
             "files": [p.name for p in self.files],
             "B": self.B,
             "T": self.T,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "shuffle": self.shuffle,
+            "process_rank": self.process_rank,
+            "num_processes": self.num_processes,
+            "order": self.order,
             "seed": self.seed,
         }
 
@@ -162,10 +191,12 @@ class DistributedDataLoader:
         if differing:
             raise ValueError(
                 f"the loader state was saved with other {', '.join(differing)} than this loader has; resume with "
-                f"the same shards, B, T, world size, shuffle and seed"
+                f"the same shards, B, T, number of processes, order and seed"
             )
-        self.epoch, self.shard_pos = state["epoch"], state["shard_pos"]
-        self._enter_shard()
+        if state["epoch"] < 0 or not 0 <= state["shard_pos"] < len(self.files):
+            raise ValueError(f"the loader state's epoch {state['epoch']} / shard_pos {state['shard_pos']} is not a "
+                             f"position of these {len(self.files)} shards")
+        self._seek(state["epoch"], state["shard_pos"])
         if not 0 <= state["sample_pos"] < len(self.sample_order):
             raise ValueError(f"sample_pos {state['sample_pos']} is outside shard {self.files[self.shard_idx]}")
         self.sample_pos = state["sample_pos"]

@@ -48,7 +48,7 @@ class _PipelineFields(BaseModel):
     hellaswag_source: Optional[str] = Field(HELLASWAG_VAL_URL, description="URL or local jsonl; null: no HellaSwag")
     # model
     model: str = Field("d12", description="model descriptor (d12, ...) or 'n_layer=..,n_head=..,n_embd=..,block_size=..'")
-    seed: int = Field(42, description="seed of the weight init (PyTorch RNG order) and of sampling")
+    seed: int = Field(42, description="seed of the weight init (PyTorch RNG order), of the llmc train order and of sampling")
     init_from: Optional[str] = Field(
         None, description="weights to start from instead of llm.c's init: one of our checkpoints, a run directory "
         "(its newest checkpoint that verifies), an llm.c model file or a Hugging Face GPT-2 directory (its shape must "

@@ -77,7 +77,7 @@ def evaluate_model(
     """{"val_loss": ..., "hellaswag": {...}} for whichever of the two evaluations are asked for."""
     result: dict[str, Any] = {"val_loss": None, "hellaswag": None}
     if val_data:
-        loader = DistributedDataLoader(val_data, batch_size, seq_len, rank=ctx.rank, world_size=ctx.world_size)
+        loader = DistributedDataLoader(val_data, batch_size, seq_len, ctx.rank, ctx.world_size, order="file")
         result["val_loss"] = val_loss(model, loader, val_steps, ctx, dtype)
         result["val_tokens"] = val_steps * batch_size * seq_len * ctx.world_size
     if hellaswag_path:

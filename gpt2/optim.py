@@ -1,4 +1,5 @@
-"""AdamW with llm.c's parameter groups, and the learning-rate schedules (pure functions of the step)."""
+"""AdamW with llm.c's parameter groups and master weights, and the learning-rate schedules (pure functions of
+the step)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def configure_optimizer(
     eps: float = 1e-8,
     fused: bool = False,
     zero1: bool = False,
+    master_weights: bool = False,
+    seed: int = 0,
 ) -> torch.optim.Optimizer:
     """AdamW with weight decay on 2-D tensors only (wte, wpe, the four matrices per layer).
 
@@ -27,18 +30,96 @@ def configure_optimizer(
     keeps AdamW's two fp32 moments of about 1/world of the parameters, updates those, and broadcasts
     them to the other ranks. Gradients are still all-reduced whole by DDP, so clipping is unchanged.
     The update is the same arithmetic per parameter as unsharded AdamW.
+
+    `master_weights` is llm.c's `-w 1`: AdamW updates float32 master copies and the parameters hold them
+    stochastically rounded to bfloat16 (see `MasterWeightAdamW`), with random bits from `seed` and the step.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+    adamw: type[torch.optim.AdamW] = torch.optim.AdamW
+    kwargs: dict = dict(lr=lr, betas=betas, eps=eps, fused=fused)
+    if master_weights:
+        adamw, kwargs = MasterWeightAdamW, {**kwargs, "rounding_seed": seed}
     if zero1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=lr, betas=betas, eps=eps,
-                                       fused=fused)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+        return ZeroRedundancyOptimizer(groups, optimizer_class=adamw, **kwargs)
+    return adamw(groups, **kwargs)
+
+
+def stochastic_round_bf16(x: torch.Tensor, random16: torch.Tensor) -> torch.Tensor:
+    """float32 `x` rounded to a bfloat16 value (returned as float32), up or down at random, unbiased.
+
+    llm.c's `stochastic_rounding`: the low 16 bits of x's float32 pattern (the part bfloat16 drops) are
+    compared with `random16` (int32, uniform in [0, 65536)); x rounds away from zero, to the next bfloat16,
+    when they exceed it, so with probability low/65536, and towards zero otherwise. The expectation is x.
+    Adding 1 << 16 to the truncated pattern is the step to the next bfloat16, carries into the exponent
+    included.
+    """
+    bits = x.view(torch.int32)
+    round_up = (bits & 0xFFFF) > random16
+    rounded = (bits & ~0xFFFF) + (round_up.to(torch.int32) << 16)
+    return rounded.view(torch.float32)
+
+
+class MasterWeightAdamW(torch.optim.AdamW):
+    """AdamW on float32 master weights; the parameters the forward pass reads hold them stochastically rounded
+    to bfloat16 (still float32 tensors, so every cast to bfloat16 is exact): llm.c's `-w 1`.
+
+    Why: during warmup an update (~lr/100 = 6e-6) is far below a bfloat16 ulp of a weight (~1.2e-4 at 0.02),
+    so round-to-nearest would hide it from the bfloat16 forward for many steps; stochastic rounding passes
+    it on in expectation, as llm.c does.
+
+    The masters are `state[p]["master"]` (plain tensors, so they are in `state_dict` and checkpoints).
+    Parameters are written in place, never rebound, so captured graphs keep their addresses. The random
+    bits of step s come from a generator seeded with (rounding_seed, s), the same on every rank, so data-
+    parallel replicas stay equal; under ZeRO-1 each rank rounds the parameters it owns and broadcasts them.
+    """
+
+    def __init__(self, params, rounding_seed: int = 0, **adamw_kwargs):
+        super().__init__(params, **adamw_kwargs)
+        for group in self.param_groups:  # in the groups, so state_dict carries them and ZeRO-1 syncs them
+            group.setdefault("rounding_seed", rounding_seed)
+            group.setdefault("rounding_step", 0)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self._load_masters(params)
+        loss = super().step(closure)
+        self._store_masters(params)
+        self._round_params(params)
+        return loss
+
+    def _load_masters(self, params: list[torch.Tensor]) -> None:
+        """AdamW updates the masters' values; a first step starts from the parameters (llm.c copies them too)."""
+        with_master = [p for p in params if "master" in self.state[p]]
+        if with_master:
+            torch._foreach_copy_(with_master, [self.state[p]["master"] for p in with_master])
+
+    def _store_masters(self, params: list[torch.Tensor]) -> None:
+        for p in params:
+            if "master" not in self.state[p]:
+                self.state[p]["master"] = torch.empty_like(p)
+        if params:
+            torch._foreach_copy_([self.state[p]["master"] for p in params], params)
+
+    def _round_params(self, params: list[torch.Tensor]) -> None:
+        group = self.param_groups[0]
+        step = group["rounding_step"]
+        for g in self.param_groups:
+            g["rounding_step"] = step + 1
+        if not params:
+            return
+        generator = torch.Generator(params[0].device)
+        # hashed to 32 bits: the CPU generator (mt19937) ignores a seed's higher bits
+        generator.manual_seed(int(np.random.SeedSequence([group["rounding_seed"], step]).generate_state(1)[0]))
+        for p in params:
+            random16 = torch.randint(0, 1 << 16, p.shape, generator=generator, device=p.device, dtype=torch.int32)
+            p.copy_(stochastic_round_bf16(self.state[p]["master"], random16))
 
 
 def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:

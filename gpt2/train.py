@@ -55,6 +55,13 @@ def _resolve_flags(config: TrainConfig, ctx: DistContext) -> tuple[bool, bool, b
     return use_compile, use_kernels, use_graphs
 
 
+def _use_master_weights(config: TrainConfig, device: torch.device) -> bool:
+    """Explicit value, otherwise on exactly when the forward pass computes in bfloat16 (as llm.c's bf16 build)."""
+    if config.master_weights is not None:
+        return config.master_weights
+    return autocast_dtype(device, config.dtype) == torch.bfloat16
+
+
 @dataclass
 class _Start:
     """Where a training session starts: a checkpoint of this run (resume), else `init_from`'s weights, else
@@ -146,11 +153,13 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
         raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
     optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
                                     config.eps, fused=ctx.device.type == "cuda",
-                                    zero1=config.zero1 and ctx.is_distributed)
+                                    zero1=config.zero1 and ctx.is_distributed,
+                                    master_weights=_use_master_weights(config, ctx.device), seed=config.seed)
     guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
-    train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, shuffle=config.shuffle, seed=config.seed)
-    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world) if config.val_every else None
+    train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, order=config.train_order,
+                                         seed=config.seed)
+    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world, order="file") if config.val_every else None
 
     if state is not None and "optimizer" in state:  # step 0 holds only the model
         if state["world_size"] != world:
@@ -236,7 +245,8 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
     if ctx.is_master:
         resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
                     "compile": use_compile, "kernels": use_kernels, "cuda_graphs": use_graphs,
-                    "sdpa_backend": sdpa_backend, "num_params": num_params, "torch": torch.__version__,
+                    "sdpa_backend": sdpa_backend, "master_weights": _use_master_weights(config, ctx.device),
+                    "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
         write_json(run_dir.config, {**config.to_dict(), "resolved": resolved})
     logger = MetricsLogger(run_dir, ctx.is_master, run.start_step, config.max_steps)

@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from data.loader import ORDERS
 from gpt2.config import VOCAB_SIZE, GPTConfig, parse_model_spec
 from gpt2.distributed import DEVICES, DTYPES
 
@@ -43,7 +44,7 @@ class TrainConfig:
         "model descriptor (d6 d12 d24 d36 d48 gpt3:c768 ...) or explicit shape "
         "'n_layer=2,n_head=2,n_embd=64,block_size=64,vocab_size=256'",
     )
-    seed: int = _opt(42, "seed of the weight init (PyTorch RNG order) and of sampling")
+    seed: int = _opt(42, "seed of the weight init (PyTorch RNG order), of the llmc train order and of sampling")
     init_from: str | None = _opt(
         None,
         "weights to start from when out_dir has no checkpoint to resume: one of our checkpoints, an llm.c "
@@ -54,7 +55,12 @@ class TrainConfig:
     train_data: str = _opt("artifacts/data/fineweb10B/shards/*_train_*.bin", "glob of the training token shards")
     val_data: str = _opt("artifacts/data/fineweb10B/shards/*_val_*.bin", "glob of the validation token shards")
     hellaswag: str | None = _opt(None, "HellaSwag eval file (data.hellaswag); unset: no HellaSwag eval")
-    shuffle: bool = _opt(False, "visit train shards and their samples in a seeded random order each epoch")
+    train_order: str = _opt(
+        "llmc",
+        "order of the training batches: llmc (llm.c's train_gpt2.cu: each epoch shuffles the shards, and each "
+        "shard's samples, with its mt19937 seeded --seed + rank) or file (shards in sorted-glob order, samples "
+        "front to back); validation always reads in file order",
+    )
     out_dir: str = _opt("artifacts/runs/gpt2-124m", "run directory: checkpoints, metrics.jsonl, tensorboard/")
     # batch
     batch_size: int = _opt(64, "micro-batch size B per rank")
@@ -92,11 +98,15 @@ class TrainConfig:
     # runtime
     device: str = _opt("auto", "auto (cuda if available), cuda or cpu")
     dtype: str = _opt("auto", "autocast dtype of the forward pass: auto (bfloat16 on CUDA, float32 on CPU), "
-                      "bfloat16 or float32; weights, gradients and optimizer state are always float32")
+                      "bfloat16 or float32; weights, gradients and optimizer state are float32 tensors")
     compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
     kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
     cuda_graphs: bool | None = _opt(None, "replay each micro-step as a CUDA graph (CUDA, one process); "
                                     "default: on where compile is, on one process")
+    master_weights: bool | None = _opt(
+        None, "llm.c's -w: AdamW updates float32 master weights and the forward pass reads them stochastically "
+        "rounded to bfloat16; off: the forward casts the float32 weights round-to-nearest; default: on when the "
+        "forward computes in bfloat16")
     zero1: bool = _opt(False, "ZeRO-1: shard the AdamW state across the DDP ranks (each holds 1/world of it); "
                        "no effect on one process")
     log_every: int = _opt(1, "print a log line every N steps (metrics.jsonl gets every step)")
@@ -247,7 +257,7 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
                         "lower --warmup-steps or raise --max-steps")
     for name, value, allowed in (("lr_schedule", config.lr_schedule, LR_SCHEDULES), ("dtype", config.dtype, DTYPES),
                                  ("model_file_dtype", config.model_file_dtype, MODEL_FILE_DTYPES),
-                                 ("device", config.device, DEVICES)):
+                                 ("device", config.device, DEVICES), ("train_order", config.train_order, ORDERS)):
         if value not in allowed:
             problems.append(f"{name}={value!r} is not one of {', '.join(allowed)}")
     for name in ("final_lr_frac", "decay_frac"):

@@ -1,4 +1,5 @@
-"""DistributedDataLoader: llm.c rank slicing, shard advance, shuffling, exact resume, validation."""
+"""DistributedDataLoader: llm.c rank slicing, shard advance, batch orders, exact resume, validation (llm.c's exact
+order is checked against its own loader in test_data_llmc_order.py)."""
 
 import json
 
@@ -43,10 +44,11 @@ def test_rank_slices_by_hand(two_shards):
         ],
     }
     for rank in (0, 1):
-        loader = DistributedDataLoader(str(two_shards / "t_*.bin"), B=2, T=3, rank=rank, world_size=2)
+        loader = DistributedDataLoader(str(two_shards / "t_*.bin"), B=2, T=3, process_rank=rank, num_processes=2)
         assert [p.name for p in loader.files] == ["t_train_000001.bin", "t_val_000000.bin"]  # sorted glob
         loader = DistributedDataLoader(
-            [two_shards / "t_val_000000.bin", two_shards / "t_train_000001.bin"], B=2, T=3, rank=rank, world_size=2
+            [two_shards / "t_val_000000.bin", two_shards / "t_train_000001.bin"], B=2, T=3, process_rank=rank,
+            num_processes=2, order="file",
         )
         assert batches(loader, 5) == expected[rank]
 
@@ -76,39 +78,39 @@ def sample_starts(loader, n):
 
 @pytest.fixture
 def many_shards(tmp_path):
-    for i in range(4):  # 4 shards of 4 samples each for B*T = 4, world_size 1: (17 - 1) // 4 = 4
+    for i in range(4):  # 4 shards of 4 samples each for B*T = 4, one process: (17 - 1) // 4 = 4
         write_shard(tmp_path / f"s_train_{i:06d}.bin", np.arange(17) + 1000 * i)
     return str(tmp_path / "s_*.bin")
 
 
-def test_shuffle_visits_every_sample_once_per_epoch_in_a_seeded_order(many_shards):
+def test_llmc_order_visits_every_sample_once_per_epoch_in_a_seeded_order(many_shards):
     every_sample = sorted((f"s_train_{i:06d}.bin", 1000 * i + 4 * s) for i in range(4) for s in range(4))
-    loader = DistributedDataLoader(many_shards, B=1, T=4, shuffle=True, seed=7)
+    loader = DistributedDataLoader(many_shards, B=1, T=4, seed=7)
     epoch0, epoch1 = sample_starts(loader, 16), sample_starts(loader, 16)
     assert sorted(epoch0) == sorted(epoch1) == every_sample
     assert epoch0 != epoch1 and epoch0 != every_sample  # reshuffled every epoch, not the file order
     # shards are visited one at a time: 4 runs of 4 samples from one shard
     assert [len({shard for shard, _ in epoch0[i : i + 4]}) for i in range(0, 16, 4)] == [1, 1, 1, 1]
 
-    same_seed = DistributedDataLoader(many_shards, B=1, T=4, shuffle=True, seed=7)
+    same_seed = DistributedDataLoader(many_shards, B=1, T=4, seed=7)
     assert sample_starts(same_seed, 16) == epoch0
     # two ranks (B*T = 2, so rank r's sample s starts at token 4s + 2r) shuffle differently
     orders = []
     for rank in (0, 1):
-        loader = DistributedDataLoader(many_shards, B=1, T=2, rank=rank, world_size=2, shuffle=True, seed=7)
+        loader = DistributedDataLoader(many_shards, B=1, T=2, process_rank=rank, num_processes=2, seed=7)
         orders.append([(shard, (token % 1000 - 2 * rank) // 4) for shard, token in sample_starts(loader, 16)])
     assert sorted(orders[0]) == sorted(orders[1]) and orders[0] != orders[1]
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_state_dict_resumes_with_the_exact_next_batch(many_shards, shuffle):
-    loader = DistributedDataLoader(many_shards, B=1, T=4, shuffle=shuffle, seed=3)
+@pytest.mark.parametrize("order", ["file", "llmc"])
+def test_state_dict_resumes_with_the_exact_next_batch(many_shards, order):
+    loader = DistributedDataLoader(many_shards, B=1, T=4, order=order, seed=3)
     for consumed in (0, 3, 4, 15, 16, 21):  # start, mid-shard, shard boundary, epoch boundary, epoch 1
         loader.reset()
         batches(loader, consumed)
         state = json.loads(json.dumps(loader.state_dict()))  # must survive a checkpoint round trip
         expected = batches(loader, 10)
-        resumed = DistributedDataLoader(many_shards, B=1, T=4, shuffle=shuffle, seed=3)
+        resumed = DistributedDataLoader(many_shards, B=1, T=4, order=order, seed=3)
         resumed.load_state_dict(state)
         assert batches(resumed, 10) == expected, consumed
 
@@ -117,17 +119,21 @@ def test_state_from_other_settings_is_refused(many_shards):
     state = DistributedDataLoader(many_shards, B=1, T=4, seed=3).state_dict()
     with pytest.raises(ValueError, match="saved with other seed"):
         DistributedDataLoader(many_shards, B=1, T=4, seed=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="shard_pos 4 is not a position of these 4 shards"):
+        DistributedDataLoader(many_shards, B=1, T=4, seed=3).load_state_dict({**state, "shard_pos": 4})
 
 
 def test_bad_shards_are_named(tmp_path):
     write_shard(tmp_path / "small.bin", np.arange(6))
-    with pytest.raises(ShardError, match=r"small\.bin: 6 tokens, fewer than one step of world_size\*B\*T\+1 = 13"):
-        DistributedDataLoader([tmp_path / "small.bin"], B=2, T=3, world_size=2)
+    with pytest.raises(ShardError, match=r"small\.bin: 6 tokens, fewer than one step of num_processes\*B\*T\+1 = 13"):
+        DistributedDataLoader([tmp_path / "small.bin"], B=2, T=3, num_processes=2)
     write_shard(tmp_path / "cut.bin", np.arange(100))
     (tmp_path / "cut.bin").write_bytes((tmp_path / "cut.bin").read_bytes()[:-10])
     with pytest.raises(ShardError, match=r"cut\.bin: header says 100 tokens"):
         DistributedDataLoader([tmp_path / "cut.bin"], B=2, T=3)
     with pytest.raises(ShardError, match="no shards match"):
         DistributedDataLoader(str(tmp_path / "nothing_*.bin"), B=2, T=3)
-    with pytest.raises(ValueError, match="rank must lie in"):
-        DistributedDataLoader(str(tmp_path / "cut.bin"), B=2, T=3, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="process_rank must lie in"):
+        DistributedDataLoader(str(tmp_path / "cut.bin"), B=2, T=3, process_rank=2, num_processes=2)
+    with pytest.raises(ValueError, match="order must be one of llmc, file, got 'shuffled'"):
+        DistributedDataLoader(str(tmp_path / "cut.bin"), B=2, T=3, order="shuffled")

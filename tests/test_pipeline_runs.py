@@ -127,9 +127,8 @@ def test_scheduled_evaluation_skips_a_checkpoint_that_fails_verification(smoke, 
 def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tmp_path):
     """init_from an exported Hugging Face directory: the init stage records its files' hashes, and the first
     training step's loss is that model's loss on the first batch."""
-    import numpy as np
-
     from common.files import sha256_file
+    from data.loader import DistributedDataLoader
     from flows.pipeline import gpt2_pretrain
     from gpt2.hf import export_hf
     from gpt2.model import GPT
@@ -145,12 +144,11 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
     assert {Path(f.path).name: f.sha256 for f in init.files} == {
         name: sha256_file(hf_dir / name) for name in ("config.json", "model.safetensors")}
 
-    # the first batch of the first train shard, as data.loader reads it (rank 0 of 1, B x T + 1 tokens)
-    B, T = config.batch_size, config.seq_len
-    shard = sorted(Path(records["tokenize"].out_dir).glob("*_train_*.bin"))[0]
-    tokens = torch.from_numpy(np.fromfile(shard, dtype="<u2", offset=1024)[: B * T + 1].astype(np.int64))
+    # the first batch of the training order (llm.c's, rank 0 of 1), as data.loader serves it
+    train_shards = str(Path(records["tokenize"].out_dir) / "*_train_*.bin")
+    x, y = DistributedDataLoader(train_shards, config.batch_size, config.seq_len).next_batch()
     with torch.no_grad():
-        _, expected = weights(tokens[:-1].view(B, T), tokens[1:].view(B, T))
+        _, expected = weights(x, y)
     first_loss = read_metrics(records["train"].run_dir)[0]["loss"]
     assert first_loss == pytest.approx(expected.item(), rel=1e-5)
 

@@ -16,6 +16,7 @@ def test_defaults_are_the_llmc_124m_recipe():
     assert (c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.grad_clip) == (6e-4, 0.9, 0.95, 1e-8, 0.1, 1.0)
     assert (c.warmup_steps, c.max_steps, c.lr_schedule, c.final_lr_frac) == (700, 18865, "cosine", 0.0)
     assert (c.val_every, c.val_steps, c.hellaswag_every) == (250, 20, 250)
+    assert (c.train_order, c.seed) == ("llmc", 42)  # llm.c's permuted training order, its generator seeded 42 + rank
     assert c.grad_accum_steps(world_size=1) == 8  # 524288 / (64 * 1024)
     assert c.grad_accum_steps(world_size=8) == 1
 
@@ -97,6 +98,7 @@ def test_validate_accepts_a_good_config(tmp_path):
         ({"val_data": "/nonexistent/*.bin"}, 1, "--val-every 0"),
         ({"hellaswag": "/nonexistent.bin"}, 1, "hellaswag: file /nonexistent.bin does not exist"),
         ({"lr_schedule": "step"}, 1, "lr_schedule='step' is not one of"),
+        ({"train_order": "shuffled"}, 1, "train_order='shuffled' is not one of llmc, file"),
         ({"sample_every": 10}, 1, "needs the GPT-2 tokenizer's vocabulary"),
         ({"warmup_steps": 10, "max_steps": 5}, 1, "warmup_steps=10 exceeds max_steps=5"),
         ({"batch_size": 0}, 1, "batch_size must be > 0"),

@@ -27,7 +27,7 @@ def test_val_loss_is_the_mean_over_the_first_batches(tmp_path):
 
     _, val_glob = make_shards(tmp_path)
     model = GPT.create(parse_model_spec(TINY_MODEL))
-    loader = DistributedDataLoader(val_glob, 2, 16, rank=0, world_size=1)
+    loader = DistributedDataLoader(val_glob, 2, 16, order="file")
     loader.next_batch()  # evaluation resets the loader: where it stood does not matter
     got = evaluate.val_loss(model, loader, steps=3, ctx=CPU)
 

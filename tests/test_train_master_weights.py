@@ -1,0 +1,269 @@
+"""Master weights (llm.c's -w 1): float32 masters in the optimizer, stochastically rounded bfloat16 parameters.
+
+The rounding against hand computations on chosen bit patterns and against its expectation; the optimizer
+against plain torch AdamW on the masters; data-parallel replicas (DDP and ZeRO-1, real gloo ranks) equal;
+resume exact through gpt2.train's checkpoints.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from gpt2.optim import MasterWeightAdamW, configure_optimizer, stochastic_round_bf16
+from gpt2.train import train
+from tests.fixtures.train.tiny import final_params, read_metrics, single_thread, tiny_config  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _float(bits: int) -> torch.Tensor:
+    """The float32 of a 32-bit pattern (given unsigned, as written in hex)."""
+    signed = bits - (1 << 32) if bits >= 1 << 31 else bits
+    return torch.tensor([signed], dtype=torch.int32).view(torch.float32)
+
+
+def _bits(x: torch.Tensor) -> int:
+    return int(x.view(torch.int32)[0]) & 0xFFFFFFFF
+
+
+def _is_bf16(x: torch.Tensor) -> bool:
+    return torch.equal(x.to(torch.bfloat16).float(), x)
+
+
+@pytest.mark.parametrize("bits, random16, expected", [
+    (0x3F808000, 0x7FFF, 0x3F810000),  # 1 + half a bf16 ulp, low bits 0x8000 > 0x7FFF: up
+    (0x3F808000, 0x8000, 0x3F800000),  # 0x8000 > 0x8000 is false: down
+    (0xBF808000, 0x0000, 0xBF810000),  # negative: "up" is away from zero, as llm.c's bit arithmetic
+    (0xBF80FFFF, 0xFFFF, 0xBF800000),  # 0xFFFF never exceeds 0xFFFF: towards zero
+    (0x3C23D70A, 0x0000, 0x3C240000),  # 0.01: low bits 0xD70A
+    (0x3F800000, 0x0000, 0x3F800000),  # already a bf16 value: unchanged whatever the draw
+    (0x3FFFFFFF, 0x0000, 0x40000000),  # just below 2: rounding up carries into the exponent, giving 2.0
+])
+def test_rounding_matches_hand_computation(bits, random16, expected):
+    x = _float(bits)
+    out = stochastic_round_bf16(x, torch.tensor([random16], dtype=torch.int32))
+    assert _bits(out) == expected, f"{bits:#010x} with {random16:#06x}: got {_bits(out):#010x}"
+    assert _bits(x) == bits  # the input is not modified
+
+
+def test_rounding_is_unbiased_and_bf16():
+    """The mean over many draws is the float32 value (5 standard errors), where round-to-nearest is off by
+    a whole fraction of an ulp; every output is one of the two bfloat16 neighbours."""
+    draws = 200_000
+    for value in (0.02 - 6e-6, -0.0137, 1.0 + 3e-3, 3.3e-5):
+        x = torch.full((draws,), value, dtype=torch.float32)
+        random16 = torch.randint(0, 1 << 16, (draws,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+        out = stochastic_round_bf16(x, random16)
+        assert _is_bf16(out)
+        down = _float(_bits(x[:1]) & ~0xFFFF)
+        up = _float((_bits(x[:1]) & ~0xFFFF) + 0x10000)
+        assert set(out.unique().tolist()) <= {float(down), float(up)}
+        p = float((x[0] - down) / (up - down))
+        stderr = float((up - down).abs()) * (p * (1 - p) / draws) ** 0.5
+        assert abs(float(out.double().mean()) - value) < 5 * stderr + 1e-12, value
+        nearest = float(x[:1].to(torch.bfloat16).float())
+        assert abs(nearest - value) > 20 * stderr  # the test can tell rounding-to-nearest apart
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.LayerNorm(48), torch.nn.Linear(48, 8))
+    with torch.no_grad():
+        for p in model.parameters():  # a bf16 init, as the cross-check's llm.c model file gives
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+def _grads(model: torch.nn.Module, step: int) -> None:
+    g = torch.Generator().manual_seed(1000 + step)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_masters_follow_plain_adamw_and_params_are_their_rounding():
+    """The masters are exactly what torch's AdamW computes from the same gradients; the parameters are
+    bf16 values within one bf16 ulp of them, written in place; the masters are in state_dict."""
+    model, reference = _model(), _model()
+    addresses = [p.data_ptr() for p in model.parameters()]
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, master_weights=True, seed=7)
+    plain = configure_optimizer(reference, lr=1e-3, weight_decay=0.1)
+    for step in range(5):
+        _grads(model, step)
+        _grads(reference, step)
+        optimizer.step()
+        plain.step()
+    assert [p.data_ptr() for p in model.parameters()] == addresses
+    for p, ref in zip(model.parameters(), reference.parameters()):
+        master = optimizer.state[p]["master"]
+        assert torch.equal(master, ref.detach())
+        assert _is_bf16(p.detach()) and not _is_bf16(master)
+        ulp = (master.abs().view(torch.int32) & ~0xFFFF).view(torch.float32) / 128
+        assert ((p.detach() - master).abs() <= ulp).all()
+    saved = optimizer.state_dict()
+    assert all("master" in s for s in saved["state"].values())
+    assert saved["param_groups"][0]["rounding_step"] == 5
+
+
+def test_warmup_update_reaches_the_forward_in_expectation():
+    """llm.c's first update: 6e-6 on weights of 0.02, a twentieth of a bf16 ulp. Round-to-nearest (today's
+    autocast) hides it entirely; the stochastically rounded parameters carry it on average."""
+    weights = torch.nn.Parameter(torch.full((100_000,), 0.02).to(torch.bfloat16).float())
+    start = weights.detach().clone()
+    optimizer = MasterWeightAdamW([weights], lr=6e-6, weight_decay=0.0, rounding_seed=42)
+    weights.grad = torch.ones_like(weights)
+    optimizer.step()
+    master = optimizer.state[weights]["master"]
+    torch.testing.assert_close(master, start - 6e-6)
+    assert torch.equal(master.to(torch.bfloat16).float(), start)  # what round-to-nearest would show
+    torch.testing.assert_close(weights.detach().double().mean(), master.double().mean(), rtol=0, atol=3e-7)
+
+
+def test_rounding_is_deterministic_per_seed_and_step():
+    runs = {}
+    for name, seed in (("a", 3), ("a_again", 3), ("b", 4)):
+        model = _model()
+        optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, master_weights=True, seed=seed)
+        for step in range(2):
+            _grads(model, step)
+            optimizer.step()
+        runs[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert torch.equal(runs["a"], runs["a_again"])
+    assert not torch.equal(runs["a"], runs["b"])  # another seed, other draws
+
+
+def test_state_dict_round_trip_resumes_exactly():
+    """Stop after 3 of 6 steps, rebuild model and optimizer from their state dicts, finish: bit for bit the
+    uninterrupted run."""
+    model = _model()
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, master_weights=True, seed=1)
+    for step in range(3):
+        _grads(model, step)
+        optimizer.step()
+    saved_model, saved_optimizer = model.state_dict(), optimizer.state_dict()
+    saved_model = {k: v.clone() for k, v in saved_model.items()}
+    saved_optimizer = {"state": {i: {k: v.clone() for k, v in s.items()} for i, s in saved_optimizer["state"].items()},
+                       "param_groups": saved_optimizer["param_groups"]}
+    for step in range(3, 6):
+        _grads(model, step)
+        optimizer.step()
+
+    resumed = _model(seed=99)
+    resumed.load_state_dict(saved_model)
+    resumed_optimizer = configure_optimizer(resumed, lr=1e-3, weight_decay=0.1, master_weights=True, seed=1)
+    resumed_optimizer.load_state_dict(saved_optimizer)
+    for step in range(3, 6):
+        _grads(resumed, step)
+        resumed_optimizer.step()
+    for p, q in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(optimizer.state[p]["master"], resumed_optimizer.state[q]["master"])
+
+
+def test_train_default_follows_the_compute_dtype(tmp_path):
+    """On by default where the forward computes in bf16, off in float32; the resolved choice is recorded."""
+    for dtype, expected in (("bfloat16", True), ("float32", False)):
+        config = tiny_config(tmp_path / dtype, dtype=dtype, max_steps=2)
+        train(config)
+        resolved = json.loads((Path(config.out_dir) / "config.json").read_text())["resolved"]
+        assert resolved["master_weights"] is expected, dtype
+        params = final_params(config.out_dir)
+        assert all(_is_bf16(v) for v in params.values()) is expected, dtype
+    off = tiny_config(tmp_path / "off", dtype="bfloat16", master_weights=False, max_steps=2)
+    train(off)
+    assert not all(_is_bf16(v) for v in final_params(off.out_dir).values())
+
+
+def test_train_resume_with_master_weights_is_exact(tmp_path):
+    """gpt2.train in bf16 (master weights by default): a run resumed from its step-2 checkpoint ends bit
+    for bit like the uninterrupted one; the checkpoints carry the masters in the optimizer state."""
+    full = tiny_config(tmp_path / "full", dtype="bfloat16", max_steps=4, checkpoint_every=1, keep_last=4)
+    train(full)
+    state = load_checkpoint(latest_checkpoint(full.out_dir))
+    assert all("master" in s for s in state["optimizer"]["state"].values())
+
+    cut = tiny_config(tmp_path / "cut", dtype="bfloat16", max_steps=2, checkpoint_every=1, keep_last=4)
+    train(cut)
+    train(tiny_config(tmp_path / "cut", dtype="bfloat16", max_steps=4, checkpoint_every=1, keep_last=4))
+    assert [r["loss"] for r in read_metrics(cut.out_dir)] == [r["loss"] for r in read_metrics(full.out_dir)]
+    for name, value in final_params(full.out_dir).items():
+        assert torch.equal(final_params(cut.out_dir)[name], value), name
+    assert [s for s, _ in list_checkpoints(cut.out_dir)] == [s for s, _ in list_checkpoints(full.out_dir)]
+
+
+REPLICA_SCRIPT = """
+import copy, json, sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from gpt2.config import GPTConfig
+from gpt2.model import GPT
+from gpt2.optim import configure_optimizer, full_state_dict
+
+dist.init_process_group("gloo")
+rank, zero1 = dist.get_rank(), sys.argv[2] == "zero1"
+
+def build():
+    model = GPT.create(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, zero1=zero1, master_weights=True, seed=5)
+    return model, DDP(model), optimizer
+
+def train(ddp, optimizer, steps):
+    for step in steps:  # each rank its own batch: only the all-reduce makes the updates equal
+        idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(100 * step + rank))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = ddp(idx, idx)[1]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+model, ddp, optimizer = build()
+train(ddp, optimizer, range(2))
+saved = {k: v.clone() for k, v in model.state_dict().items()}
+saved_optimizer = copy.deepcopy(full_state_dict(optimizer))  # the live state goes on changing
+dist.broadcast_object_list(box := [saved_optimizer], src=0)
+train(ddp, optimizer, range(2, 4))
+
+resumed, resumed_ddp, resumed_optimizer = build()
+resumed.load_state_dict(saved)
+resumed_optimizer.load_state_dict(box[0])
+train(resumed_ddp, resumed_optimizer, range(2, 4))
+
+inner = optimizer.optim if zero1 else optimizer
+masters = sum(s["master"].numel() for s in inner.state.values())
+torch.save({"params": torch.cat([p.detach().flatten() for p in model.parameters()]),
+            "resumed": torch.cat([p.detach().flatten() for p in resumed.parameters()]),
+            "masters": masters, "numel": sum(p.numel() for p in model.parameters())}, f"{sys.argv[1]}/rank{rank}.pt")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("mode", ["ddp", "zero1"])
+def test_replicas_stay_equal_and_resume_exactly(tmp_path, mode):
+    """2 real gloo ranks, each on its own batches: the bf16 parameters are equal on both ranks after every
+    update's rounding, and a rebuild from the consolidated optimizer state continues bit for bit. Under
+    ZeRO-1 each rank keeps the masters of the parameters it owns: together, each master once."""
+    script = tmp_path / "replicas.py"
+    script.write_text(REPLICA_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), mode]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    assert _is_bf16(ranks[0]["params"])
+    for r in ranks:
+        assert torch.equal(r["resumed"], r["params"])
+    held = [r["masters"] for r in ranks]
+    numel = ranks[0]["numel"]
+    if mode == "zero1":
+        assert sum(held) == numel and all(0 < h < numel for h in held)
+    else:
+        assert held == [numel, numel]
