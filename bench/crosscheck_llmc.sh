@@ -9,7 +9,7 @@
 #   LLMC=path/to/llm.c bench/crosscheck_llmc.sh [PHASE ...]
 #
 # Phases, in order (default: all): build (train_gpt2cu from $LLMC, in the background while prepare runs),
-# prepare, llmc, ours, noise-ours, noise-llmc, compare. Each phase skips work whose output exists, so
+# prepare, llmc, ours, noise-ours, noise-llmc, noise-llmc-seed, compare. Each phase skips work whose output exists, so
 # the phases can be split over several sessions sharing WORK.
 # Environment: LLMC (llm.c's source tree; build only), WORK (shards, init, builds, runs; default
 # /tmp/crosscheck-llmc), OUT (logs and the comparison; default artifacts/bench/crosscheck-llmc), STEPS
@@ -22,33 +22,42 @@ OUT=${OUT:-artifacts/bench/crosscheck-llmc}
 STEPS=${STEPS:-1000}
 NOISE_STEPS=${NOISE_STEPS:-$STEPS}
 PY=${PYTHON:-python3}
-PHASES=${*:-build prepare llmc ours noise-ours noise-llmc compare}
+PHASES=${*:-build prepare llmc ours noise-ours noise-llmc noise-llmc-seed compare}
 mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$WORK/inductor}
 TRAIN="$WORK/shards/*_train_*.bin"
 VAL="$WORK/shards/*_val_*.bin"
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 
-build_llmc() {  # llm.c's train_gpt2cu, bf16, one GPU; CUDA 13 changed cudaMemAdvise, which only its
-    # out-of-memory fallback to managed memory uses: that fallback becomes an error exit
-    [[ -x "$WORK/llmc/train_gpt2cu" ]] && return
-    rm -rf "$WORK/llmc" && cp -r "$LLMC" "$WORK/llmc"
-    "$PY" - "$WORK/llmc/llmc/cuda_utils.cuh" <<'EOF'
+build_llmc() {  # build_llmc DIR [ROUNDING_SEED]: llm.c's train_gpt2cu, bf16, one GPU, in $WORK/DIR.
+    # CUDA 13 changed cudaMemAdvise, which only its out-of-memory fallback to managed memory uses: that
+    # fallback becomes an error exit. ROUNDING_SEED replaces the seed of its stochastic rounding (13371337),
+    # for a noise run that differs from llm.c's own in the rounding's random bits alone.
+    local dir=$WORK/$1 seed=${2:-}
+    [[ -x "$dir/train_gpt2cu" ]] && return
+    rm -rf "$dir" && cp -r "$LLMC" "$dir"
+    "$PY" - "$dir" "$seed" <<'EOF'
 import re, sys
-path = sys.argv[1]
+tree, seed = sys.argv[1], sys.argv[2]
+path = f"{tree}/llmc/cuda_utils.cuh"
 text = open(path).read()
 fallback = re.compile(r"cudaCheck_\(cudaMallocManaged\(.*?return 1;", re.S)
 assert fallback.search(text), f"{path}: the managed-memory fallback was not found"
 open(path, "w").write(fallback.sub('fprintf(stderr, "out of GPU memory\\\\n"); exit(EXIT_FAILURE);', text))
+if seed:
+    path = f"{tree}/train_gpt2.cu"
+    text = open(path).read()
+    assert "model->rng_state = 13371337 +" in text, f"{path}: the stochastic rounding's seed was not found"
+    open(path, "w").write(text.replace("model->rng_state = 13371337 +", f"model->rng_state = {seed} +", 1))
 EOF
-    make -C "$WORK/llmc" train_gpt2cu PRECISION=BF16 USE_CUDNN=0 NO_MULTI_GPU=1 NO_USE_MPI=1 \
-        GPU_COMPUTE_CAPABILITY=90 > "$OUT/llmc_build.log" 2>&1
+    make -C "$dir" train_gpt2cu PRECISION=BF16 USE_CUDNN=0 NO_MULTI_GPU=1 NO_USE_MPI=1 \
+        GPU_COMPUTE_CAPABILITY=90 > "$OUT/$1_build.log" 2>&1
 }
 
-run_llmc() {  # run_llmc NAME STEPS [extra flags]: llm.c's flags for the recipe above
-    local name=$1 steps=$2; shift 2
+run_llmc() {  # run_llmc BUILD NAME STEPS [extra flags]: llm.c's flags for the recipe above
+    local build=$1 name=$2 steps=$3; shift 3
     [[ -s "$OUT/$name.log" ]] && grep -q "^step *$steps/$steps " "$OUT/$name.log" && return
-    "$WORK/llmc/train_gpt2cu" -i "$TRAIN" -j "$VAL" -e "$WORK/init_bf16.bin" -o "$WORK/$name" \
+    "$WORK/$build/train_gpt2cu" -i "$TRAIN" -j "$VAL" -e "$WORK/init_bf16.bin" -o "$WORK/$name" \
         -b 16 -t 1024 -d 65536 -l 0.0006 -u 100 -q 0.0 -c 0.1 -x "$steps" -v 250 -m 20 -s 0 -h 0 -n 0 -y 0 \
         "$@" > "$OUT/$name.log" 2>&1
 }
@@ -66,21 +75,27 @@ run_ours() {  # run_ours NAME STEPS [extra flags]: gpt2.train's defaults but for
 
 phase() { echo "[crosscheck] $(date -u +%H:%M:%S) $*"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-if has build; then phase "build llm.c (background)"; build_llmc & BUILD=$!; fi
+if has build; then
+    phase "build llm.c (background)"
+    { build_llmc llmc && if has noise-llmc-seed; then build_llmc llmc_seed 13371338; fi; } & BUILD=$!
+fi
 if has prepare; then
     phase "prepare"
     [[ -f "$WORK/init_bf16.bin" ]] || "$PY" -m bench.crosscheck_llmc prepare --work "$WORK" | tee "$OUT/prepare.log"
 fi
 if has build; then wait "$BUILD" || { tail -30 "$OUT/llmc_build.log"; exit 1; }; phase "llm.c built"; fi
-has llmc && { phase "llm.c, $STEPS steps"; run_llmc llmc "$STEPS"; }
+has llmc && { phase "llm.c, $STEPS steps"; run_llmc llmc llmc "$STEPS"; }
 has ours && { phase "ours, $STEPS steps"; run_ours ours "$STEPS"; }
 has noise-ours && { phase "ours --no-kernels, $NOISE_STEPS steps"; run_ours ours_nokernels "$NOISE_STEPS" --no-kernels; }
-has noise-llmc && { phase "llm.c -ge 2, $NOISE_STEPS steps"; run_llmc llmc_ge2 "$NOISE_STEPS" -ge 2 || true; }
+has noise-llmc && { phase "llm.c -ge 2, $NOISE_STEPS steps"; run_llmc llmc llmc_ge2 "$NOISE_STEPS" -ge 2 || true; }
+has noise-llmc-seed && { phase "llm.c, another rounding seed, $NOISE_STEPS steps"; run_llmc llmc_seed llmc_seed "$NOISE_STEPS"; }
 if has compare; then
     phase "compare"
     noise=()
     [[ -f "$OUT/ours_nokernels.metrics.jsonl" ]] && noise+=(--noise "ours_nokernels=$OUT/ours_nokernels.metrics.jsonl")
-    [[ -f "$OUT/llmc_ge2.log" ]] && grep -q "^step " "$OUT/llmc_ge2.log" && noise+=(--noise "llmc_ge2=$OUT/llmc_ge2.log")
+    for run in llmc_ge2 llmc_seed; do
+        [[ -f "$OUT/$run.log" ]] && grep -q "^step " "$OUT/$run.log" && noise+=(--noise "$run=$OUT/$run.log")
+    done
     "$PY" -m bench.crosscheck_llmc compare --llmc "$OUT/llmc.log" --ours "$OUT/ours.metrics.jsonl" "${noise[@]}" --out "$OUT" \
         | tee "$OUT/compare.txt"
 fi
