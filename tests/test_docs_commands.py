@@ -148,9 +148,9 @@ def clone(tmp_path_factory) -> Clone:
 
 @pytest.fixture
 def kept_server(clone) -> Clone:
-    """The clone with a kept server and worker, and the smoke run's outputs cached."""
+    """The clone with a kept server and worker up, as the docs start them (a quick deployment)."""
     if not (clone.path / ".prefect" / "env.sh").exists():
-        result = clone.bash("KEEP_RUNNING=1 bash scripts/run.sh")
+        result = clone.bash("KEEP_RUNNING=1 bash scripts/run.sh gpt2-hellaswag/smoke")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return clone
 
@@ -212,7 +212,7 @@ def test_a_failed_run_shows_its_cause_on_the_terminal_and_in_its_state_message(k
 # the `run` blocks
 
 
-def _check_outcome(block: Block, clone: Clone, result: subprocess.CompletedProcess) -> None:
+def _check_outcome(block: Block, clone: Clone, result: subprocess.CompletedProcess, kept: list[int]) -> None:
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{block} exited with {result.returncode}:\n{output[-4000:]}"
     assert "Traceback" not in output, f"{block}:\n{output[-4000:]}"
@@ -221,12 +221,20 @@ def _check_outcome(block: Block, clone: Clone, result: subprocess.CompletedProce
     for deployment in re.findall(r"^\s*(?:\S+=\S+ )*bash scripts/run\.sh ?(\S*)", block.text, flags=re.M):
         assert f"{deployment or 'gpt2-pretrain/smoke'} finished with exit code 0" in output, output[-4000:]
     if re.search(r"^\s*bash scripts/stop\.sh", block.text, flags=re.M):
+        kept = kept + [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]  # those run.sh left or used
+        assert kept and not [pid for pid in kept if _alive(pid)], "the kept server or worker still runs"
         assert not (clone.path / ".prefect" / "env.sh").exists()
-        assert not [pid for pid in clone.kept_pids() if _alive(pid)]
+
+
+def _starts_a_server(text: str) -> bool:
+    return re.search(r"^\s*(?:\S+=\S+ )*bash scripts/run\.sh", text, flags=re.M) is not None
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=str)
-def test_run_block_works_as_written(clone, block):
+def test_run_block_works_as_written(clone, block, request):
+    if re.search(r"^\s*prefect ", block.text, flags=re.M) and not _starts_a_server(block.text):
+        request.getfixturevalue("kept_server")  # what the docs say to have first: a shell pointed at a server
+    kept = clone.kept_pids()
     result = clone.bash(block.text)
-    _check_outcome(block, clone, result)
+    _check_outcome(block, clone, result, kept)
