@@ -7,7 +7,6 @@ and no process group is created, so the collectives below become no-ops.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -82,14 +81,7 @@ def setup(device: str = "auto") -> DistContext:
 def teardown(clean: bool = True) -> None:
     """Destroy the process group. On a clean exit every rank first waits for the others: a rank that
     destroyed its group while a peer was still in a collective aborts that peer (seen with gloo). After an
-    error there is no barrier, since a peer may be gone and the barrier would hang.
-
-    First the training objects that hold the group are collected (DDP's reducer and ZeroRedundancyOptimizer
-    keep a reference to it, inside reference cycles that only the garbage collector frees): otherwise the
-    group outlives `destroy_process_group` and is destroyed during interpreter shutdown, where gloo's worker
-    threads, still holding work and tensors, abort the process ("terminate called without an active
-    exception") after all its work is done."""
-    gc.collect()
+    error there is no barrier, since a peer may be gone and the barrier would hang."""
     if dist.is_initialized():
         if clean:
             dist.barrier()

@@ -89,7 +89,7 @@ def held_state():
 setup("cpu")
 with open(f"{sys.argv[1]}/rank{dist.get_rank()}.json", "w") as f:
     json.dump(held_state(), f)
-teardown()  # as gpt2.train ends: the optimizer, which holds the group, is gone before the group is
+teardown()  # as gpt2.train ends: the optimizer and model (which hold the group) are gone first
 """
 
 
