@@ -55,8 +55,9 @@ def say(line: str) -> None:
 
 
 def stage_name(task_run_name: str) -> str:
-    """`tokenize-3f2` -> `tokenize`: Prefect appends a short suffix to each task run's name."""
-    return task_run_name.rsplit("-", 1)[0]
+    """`tokenize-3f2` -> `tokenize`: the short suffix Prefect appends to a default task run name goes
+    (a name a task gives its runs, `evaluate-step-20`, stays)."""
+    return re.sub(r"^([^-]+)-[0-9a-f]{3}$", r"\1", task_run_name)
 
 
 class Watcher:

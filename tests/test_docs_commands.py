@@ -112,7 +112,7 @@ class Clone:
 
     def task_states(self, flow_run_id: str) -> dict[str, str]:
         runs = self.api("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
-        return {run["name"].rsplit("-", 1)[0]: run["state"]["name"] for run in runs}
+        return {run["name"].split("-")[0]: run["state"]["name"] for run in runs}  # tokenize-3f2, evaluate-step-20
 
     def kept_pids(self) -> list[int]:
         home = self.path / ".prefect"
@@ -220,6 +220,19 @@ def _check_outcome(block: Block, clone: Clone, result: subprocess.CompletedProce
     assert output.count("Flow run finished successfully in 'Completed'") == watched, output[-4000:]
     for deployment in re.findall(r"^\s*(?:\S+=\S+ )*bash scripts/run\.sh ?(\S*)", block.text, flags=re.M):
         assert f"{deployment or 'gpt2-pretrain/smoke'} finished with exit code 0" in output, output[-4000:]
+        _check_watch_lines(result.stdout)
+
+
+WATCH_LINE = re.compile(r"\[\d\d:\d\d:\d\d\] (?:flow run [\w-]+|[a-z][\w-]*): (?:[A-Z][A-Za-z]+(?:: .*)?|"
+                        r"step \d+/\d+ \| loss \d+\.\d{4} \| [\d,]+ tok/s \| ETA \d+:\d\d:\d\d)")
+
+
+def _check_watch_lines(stdout: str) -> None:
+    """run.sh's own lines: whole state-change and progress lines, and a progress line when training ran."""
+    lines = [line for line in stdout.splitlines() if re.match(r"\[\d\d:", line)]
+    assert lines and all(WATCH_LINE.fullmatch(line) for line in lines), "\n".join(lines)
+    if any(line.endswith("] train: Running") for line in lines):
+        assert any("] train: step " in line for line in lines), "\n".join(lines)
     if re.search(r"^\s*bash scripts/stop\.sh", block.text, flags=re.M):
         kept = kept + [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]  # those run.sh left or used
         assert kept and not [pid for pid in kept if _alive(pid)], "the kept server or worker still runs"
