@@ -134,14 +134,23 @@ fi
 EOF
 fi
 
-echo "[run] work pool gpt2-local (process) and deployments"
-"${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
-deploy_log=$(log_to deploy.log)
-"${prefect[@]}" --no-prompt deploy --all >>"$deploy_log" 2>&1 || {
-    echo "[run] prefect deploy failed (.prefect/deploy.log):" >&2
-    tail -30 "$deploy_log" >&2
-    exit 1
-}
+# A server of this run's own gets the pool and the deployments; a kept one only when prefect.yaml changed
+# since it got them (the worker runs the flows' code from this folder as it is, so code needs no deploy).
+DEPLOYED="$PREFECT_HOME/deployed.sha256"
+if [ "$started_server" = 0 ] && sha256sum --quiet --check "$DEPLOYED" >/dev/null 2>&1; then
+    echo "[run] deployments: as deployed to this server (prefect.yaml unchanged)"
+else
+    echo "[run] work pool gpt2-local (process) and deployments"
+    rm -f "$DEPLOYED"
+    "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
+    deploy_log=$(log_to deploy.log)
+    "${prefect[@]}" --no-prompt deploy --all >>"$deploy_log" 2>&1 || {
+        echo "[run] prefect deploy failed (.prefect/deploy.log):" >&2
+        tail -30 "$deploy_log" >&2
+        exit 1
+    }
+    sha256sum prefect.yaml >"$DEPLOYED"
+fi
 
 if worker_pid=$(kept_pid worker); then
     echo "[run] using the worker left running (pid $worker_pid)"

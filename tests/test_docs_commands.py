@@ -231,7 +231,7 @@ def _check_watch_lines(stdout: str) -> None:
     """run.sh's own lines: whole state-change and progress lines, and a progress line when training ran."""
     lines = [line for line in stdout.splitlines() if re.match(r"\[\d\d:", line)]
     assert lines and all(WATCH_LINE.fullmatch(line) for line in lines), "\n".join(lines)
-    if any(line.endswith("] train: Running") for line in lines):
+    if any(line.endswith("] train: Completed") for line in lines):  # trained, not from cache
         assert any("] train: step " in line for line in lines), "\n".join(lines)
     if re.search(r"^\s*bash scripts/stop\.sh", block.text, flags=re.M):
         kept = kept + [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]  # those run.sh left or used
