@@ -221,6 +221,10 @@ def _check_outcome(block: Block, clone: Clone, result: subprocess.CompletedProce
     for deployment in re.findall(r"^\s*(?:\S+=\S+ )*bash scripts/run\.sh ?(\S*)", block.text, flags=re.M):
         assert f"{deployment or 'gpt2-pretrain/smoke'} finished with exit code 0" in output, output[-4000:]
         _check_watch_lines(result.stdout)
+    if re.search(r"^\s*bash scripts/stop\.sh", block.text, flags=re.M):
+        kept = kept + [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]  # those run.sh left or used
+        assert kept and not [pid for pid in kept if _alive(pid)], "the kept server or worker still runs"
+        assert not (clone.path / ".prefect" / "env.sh").exists()
 
 
 WATCH_LINE = re.compile(r"\[\d\d:\d\d:\d\d\] (?:flow run [\w-]+|[a-z][\w-]*): (?:[A-Z][A-Za-z]+(?:: .*)?|"
@@ -233,10 +237,6 @@ def _check_watch_lines(stdout: str) -> None:
     assert lines and all(WATCH_LINE.fullmatch(line) for line in lines), "\n".join(lines)
     if any(line.endswith("] train: Completed") for line in lines):  # trained, not from cache
         assert any("] train: step " in line for line in lines), "\n".join(lines)
-    if re.search(r"^\s*bash scripts/stop\.sh", block.text, flags=re.M):
-        kept = kept + [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]  # those run.sh left or used
-        assert kept and not [pid for pid in kept if _alive(pid)], "the kept server or worker still runs"
-        assert not (clone.path / ".prefect" / "env.sh").exists()
 
 
 def _starts_a_server(text: str) -> bool:
