@@ -122,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress-every", type=float, default=10.0, metavar="S",
                         help="seconds between training progress lines (default 10)")
     args = parser.parse_args(argv)
-    return watch(args.flow_run_id, progress_every_s=args.progress_every)
+    try:
+        return watch(args.flow_run_id, progress_every_s=args.progress_every)
+    except KeyboardInterrupt:  # Ctrl-C stops the watching only; run.sh cancels the run itself
+        return 130
 
 
 if __name__ == "__main__":
