@@ -122,7 +122,10 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        mode = new_file_mode()
         for file in tmp.iterdir():
+            if file.is_file():  # one mode for all: some writers (safetensors) create their files 0600
+                file.chmod(mode)
             with open(file, "rb") as f:
                 os.fsync(f.fileno())
         fsync_dir(tmp)
@@ -132,6 +135,13 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
         fsync_dir(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def new_file_mode() -> int:
+    """The mode `open()` gives a new file: 0o666 less the process's umask (which can only be read by setting it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def remove_stale_tmp_dirs(directory: str | os.PathLike) -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -58,7 +59,9 @@ def resolved_settings(parameters: dict[str, Any]) -> PipelineSettings:
 
         with get_client(sync_client=True) as client:
             deployment = client.read_deployment(run.deployment_id).parameters
-        parameters = {**parameters, **merge_with_deployment(run.parameters, deployment)}
+        merged = merge_with_deployment(run.parameters, deployment)
+        # only the settings: a stage flow's run also carries `force`, which is not one
+        parameters = {name: merged.get(name, value) for name, value in parameters.items()}
     settings = check_settings(parameters)
     get_run_logger().info("settings: %s", settings.model_dump_json(exclude_none=True))
     return settings
@@ -72,49 +75,67 @@ class Stages:
             raise ValueError(f"force={force!r} is not a stage; stages: {', '.join(STAGES)}")
         self.s = settings
         self.force = force
+        self.submitted: list[PrefectFuture] = []  # in submission order: every stage after what it needs
 
-    def _task(self, name: str, task_obj: Any) -> Any:
-        return task_obj.with_options(refresh_cache=True) if name == self.force else task_obj
+    def _submit(self, name: str, task_obj: Any, *args: Any) -> PrefectFuture:
+        if name == self.force:
+            task_obj = task_obj.with_options(refresh_cache=True)
+        future = task_obj.submit(*args)
+        self.submitted.append(future)
+        return future
+
+    @contextmanager
+    def root_cause(self) -> Iterator[None]:
+        """Fail with the first failed stage's own error, not with a later stage's "upstream did not finish".
+
+        A stage whose input failed never runs, and asking it for its result raises `UnfinishedRun`; the flow
+        run's state message (the UI, `prefect flow-run inspect`) should instead say what went wrong where.
+        """
+        try:
+            yield
+        except Exception:
+            for future in self.submitted:
+                future.wait()
+                if future.state.is_failed() or future.state.is_crashed():
+                    future.result()  # raises the stage's own exception
+            raise
 
     def download(self) -> PrefectFuture:
         s = self.s
-        return self._task("download", download_documents).submit(s.source, s.source_config, str(s.documents_dir),
-                                                                  s.limit)
+        return self._submit("download", download_documents, s.source, s.source_config, str(s.documents_dir), s.limit)
 
     def tokenize(self, documents: PrefectFuture) -> PrefectFuture:
         s = self.s
-        return self._task("tokenize", tokenize).submit(documents, str(s.shards_dir), s.dataset, s.shard_size, s.limit,
-                                                       s.tokenize_workers)
+        return self._submit("tokenize", tokenize, documents, str(s.shards_dir), s.dataset, s.shard_size, s.limit,
+                            s.tokenize_workers)
 
     def hellaswag(self) -> Future:
         s = self.s
         if s.hellaswag_source is None:
             return None
-        return self._task("hellaswag", prepare_hellaswag).submit(s.hellaswag_source, str(s.hellaswag_dir))
+        return self._submit("hellaswag", prepare_hellaswag, s.hellaswag_source, str(s.hellaswag_dir))
 
     def init(self) -> PrefectFuture:
         s = self.s
-        return self._task("init", init_model).submit(s.model, s.seed, str(s.init_dir), s.init_from)
+        return self._submit("init", init_model, s.model, s.seed, str(s.init_dir), s.init_from)
 
     def train(self, shards: PrefectFuture, hellaswag: Future, init: PrefectFuture) -> PrefectFuture:
         s = self.s
-        task_obj = self._task("train", train)
-        if s.train_timeout_s:
-            task_obj = task_obj.with_options(timeout_seconds=s.train_timeout_s)
-        return task_obj.submit(shards, hellaswag, init, s.seed, s.train, str(s.runs_dir), s.nproc, s.rendezvous)
+        task_obj = train.with_options(timeout_seconds=s.train_timeout_s) if s.train_timeout_s else train
+        return self._submit("train", task_obj, shards, hellaswag, init, s.seed, s.train, str(s.runs_dir), s.nproc,
+                            s.rendezvous)
 
     def evaluate(self, run: PrefectFuture, shards: PrefectFuture, hellaswag: Future) -> PrefectFuture:
         checkpoint = run.result().checkpoint
-        return self._task("evaluate", evaluate_checkpoint).submit(checkpoint, shards, hellaswag, self.s.eval)
+        return self._submit("evaluate", evaluate_checkpoint, checkpoint, shards, hellaswag, self.s.eval)
 
     def sample(self, run: PrefectFuture) -> PrefectFuture:
         s = self.s
-        return self._task("sample", sample).submit(run.result().checkpoint, s.training_value("sample_prompt"),
-                                                   s.num_samples, s.training_value("sample_tokens"), s.seed,
-                                                   s.eval.device)
+        return self._submit("sample", sample, run.result().checkpoint, s.training_value("sample_prompt"),
+                            s.num_samples, s.training_value("sample_tokens"), s.seed, s.eval.device)
 
     def export(self, run: PrefectFuture) -> PrefectFuture:
-        return self._task("export", export_hf).submit(run.result().checkpoint)
+        return self._submit("export", export_hf, run.result().checkpoint)
 
 
 def _results(futures: dict[str, Future]) -> dict[str, StageRecord | None]:
@@ -142,8 +163,8 @@ def ends_cancelled(body: Callable[..., Any]) -> Callable[..., Any]:
 def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
     """Every stage: download -> tokenize, HellaSwag, init -> train -> final evaluation and samples."""
     s = resolved_settings(parameters)
-    with stop_children_on_exit():
-        stages = Stages(s)
+    stages = Stages(s)
+    with stop_children_on_exit(), stages.root_cause():
         hellaswag = stages.hellaswag()
         init = stages.init()
         docs = stages.download()
@@ -179,8 +200,9 @@ def run_stage(settings: PipelineSettings, stage: str, force: bool = False) -> di
             futures[name] = getattr(stages, name)(*[submit(needed) for needed in INPUTS[name]])
         return futures[name]
 
-    submit(stage)
-    return _results(futures)
+    with stages.root_cause():
+        submit(stage)
+        return _results(futures)
 
 
 def _stage_flow(stage: str, name: str | None = None):

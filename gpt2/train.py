@@ -268,7 +268,7 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
         loss, norm = forward_backward(run.model, run.train_loader, grad_accum, config, ctx, graph)
         decision = run.guard.check(loss, norm)  # same inputs on every rank -> same decision on every rank
         if decision.skip:
-            logger.print(f"step {step + 1}: update skipped: {decision.reason}")
+            logger.print(f"step {step}: update skipped: {decision.reason}")
         step_fns.optimizer_step(run.optimizer, lr, skip=decision.skip)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()  # the step's kernels have finished: dt is the step's real time
@@ -296,8 +296,8 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
 
 
 def _step_line(record: dict[str, Any], max_steps: int) -> str:
-    """The console line of a train record; steps are shown 1-based, as llm.c prints them."""
-    line = (f"step {record['step'] + 1:5d}/{max_steps} | loss {record['loss']:.6f} | lr {record['lr']:.2e} | "
+    """The console line of a train record, at the record's step (docs/training.md, "Steps")."""
+    line = (f"step {record['step']:5d}/{max_steps} | loss {record['loss']:.6f} | lr {record['lr']:.2e} | "
             f"norm {record['norm']:.4f} | {record['ms']:.1f} ms | {record['tok_s']:,.0f} tok/s")
     if record["mfu"] is not None:
         line += f" | MFU {100 * record['mfu']:.1f}%"

@@ -32,7 +32,7 @@ def training_figures(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
     """Final train/val loss and steady-state tokens/s and MFU from metrics.jsonl records."""
     train = [m for m in metrics if m.get("kind") == "train"]
     val = [m for m in metrics if m.get("kind") == "val" and m.get("val_loss") is not None]
-    steady = train[1:][-TOKENS_PER_S_WINDOW:] or train  # skip step 1: compilation and warm-up
+    steady = train[1:][-TOKENS_PER_S_WINDOW:] or train  # skip step 0: compilation and warm-up
 
     def mean(key: str) -> float | None:
         values = [m[key] for m in steady if m.get(key) is not None]
@@ -53,7 +53,7 @@ def loss_curve_figure(metrics: list[dict[str, Any]], run_name: str) -> "matplotl
     matplotlib.use("Agg")  # no display on training hosts
     import matplotlib.pyplot as plt
 
-    train = [(m["step"] + 1, m["loss"]) for m in metrics if m.get("kind") == "train" and m.get("loss") is not None]
+    train = [(m["step"], m["loss"]) for m in metrics if m.get("kind") == "train" and m.get("loss") is not None]
     val = [(m["step"], m["val_loss"]) for m in metrics if m.get("kind") == "val" and m.get("val_loss") is not None]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if train:

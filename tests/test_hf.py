@@ -226,6 +226,14 @@ def test_export_is_complete_offline_and_refuses_to_clobber(exported, tmp_path):
     assert (tmp_path / "mine" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
+def test_exported_files_share_the_mode_of_a_file_the_user_writes(exported, tmp_path):
+    _, out = exported
+    (tmp_path / "plain").write_text("")  # what open() gives under this umask
+    expected = (tmp_path / "plain").stat().st_mode & 0o777
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()}
+    assert set(modes.values()) == {oct(expected)}, modes
+
+
 def test_a_model_without_gpt2s_vocabulary_gets_no_tokenizer(tmp_path):
     model = _random_model(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=32, vocab_size=256), seed=6)
     out = export_hf(model, tmp_path / "hf")

@@ -158,30 +158,3 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
         states = db.execute("select f.name, r.state_type from flow_run r join flow f on f.id = r.flow_id "
                             "where f.name = 'gpt2-train'").fetchall()
     assert states == [("gpt2-train", "CANCELLED")], output[-3000:]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# the README's kept-server block, run as written
-
-
-def test_readme_kept_server_commands_work_as_written(clone):
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("<!-- kept-server", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    environment["PREFECT_PORT"] = str(free_port())
-    result = subprocess.run(["bash", "-e", "-c", block], cwd=clone, env=environment, capture_output=True, text=True,
-                            timeout=RUN_TIMEOUT_S)
-    pids = re.search(r"server \(pid (\d+)\) and worker \(pid (\d+)\)", result.stdout)
-    try:
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        assert "Flow run finished successfully in 'Completed'" in result.stdout
-        # the run with max_steps=30 next to the deployment's run of 20: the smoke settings otherwise
-        configs = [json.loads(p.read_text()) for p in (clone / "artifacts/runs/smoke").glob("*/config.json")]
-        assert sorted(c["max_steps"] for c in configs) == [20, 30]
-        assert {(c["batch_size"], c["seq_len"], c["device"]) for c in configs} == {(4, 32, "cpu")}
-    finally:
-        if pids:
-            server, worker = int(pids.group(1)), int(pids.group(2))
-            os.kill(worker, signal.SIGKILL)
-            os.kill(server, signal.SIGTERM)
-            wait_for(lambda: not Path(f"/proc/{server}").exists(), 30)

@@ -25,7 +25,7 @@ def test_one_line_per_step_and_a_record_per_step(tmp_path, capsys):
     train(config)
     out = capsys.readouterr().out
     step_lines = [line for line in out.splitlines() if re.match(r"^step\s+(\d+)/(\d+) \|", line)]  # as llm.c
-    assert [int(re.match(r"^step\s+(\d+)/4", line).group(1)) for line in step_lines] == [1, 2, 3, 4]
+    assert [int(re.match(r"^step\s+(\d+)/4", line).group(1)) for line in step_lines] == [0, 1, 2, 3]
     assert all(key in step_lines[0] for key in ("loss", "lr", "norm", "ms", "tok/s"))
 
     records = read_metrics(config.out_dir)
@@ -59,3 +59,33 @@ def test_other_ranks_write_nothing(tmp_path):
     logger.log({"step": 0, "kind": "train", "loss": 2.5}, "train", "a line")
     logger.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_step_convention_across_console_metrics_tensorboard_png_and_checkpoints(tmp_path, capsys):
+    """Step s means the weights after s optimizer updates, everywhere (docs/training.md, "Steps")."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tasks.report import loss_curve_figure
+
+    config = tiny_config(tmp_path, max_steps=4, val_every=2, val_steps=1, log_every=1, checkpoint_every=2)
+    train(config)
+    console = {int(m.group(1)): float(m.group(2))
+               for m in re.finditer(r"^step\s+(\d+)/4 \| loss (\S+)", capsys.readouterr().out, flags=re.M)}
+    metrics = read_metrics(config.out_dir)
+    jsonl = {r["step"]: r["loss"] for r in metrics}
+    events = EventAccumulator(str(RunDir(config.out_dir).tensorboard))
+    events.Reload()
+    tensorboard = {e.step: e.value for e in events.Scalars("train/loss")}
+    train_line = loss_curve_figure(metrics + read_metrics(config.out_dir, "val"), "run").axes[0].lines[0]
+    png = dict(zip(train_line.get_xdata(), train_line.get_ydata()))
+
+    assert list(jsonl) == [0, 1, 2, 3]  # the first loss is the initial weights' (no update yet)
+    assert list(console) == list(tensorboard) == list(png) == list(jsonl)
+    for step, loss in jsonl.items():
+        assert console[step] == pytest.approx(loss, abs=1e-6)  # printed with 6 decimals
+        assert tensorboard[step] == pytest.approx(loss, rel=1e-6) and png[step] == loss
+    # weights after s updates: the val loss, the checkpoint of the same step and its evaluation record
+    val_steps = [r["step"] for r in read_metrics(config.out_dir, "val")]
+    checkpoints = sorted(p.name for p in (RunDir(config.out_dir).root / "checkpoints").glob("step_*"))
+    assert val_steps == [0, 2, 4] and checkpoints == ["step_00000000", "step_00000002", "step_00000004"][-len(checkpoints):]
+    assert {int(name[5:]) for name in checkpoints} <= set(val_steps)
