@@ -96,7 +96,8 @@ class Stages:
         task_obj = self._task("train", train)
         if s.train_timeout_s:
             task_obj = task_obj.with_options(timeout_seconds=s.train_timeout_s)
-        return task_obj.submit(shards, hellaswag, init, s.seed, s.train, str(s.runs_dir), s.nproc, s.rendezvous)
+        return task_obj.submit(shards, hellaswag, init, s.seed, s.train, str(s.runs_dir), s.nproc, s.rendezvous,
+                               s.launcher, s.slurm)
 
     def evaluate(self, run: PrefectFuture, shards: PrefectFuture, hellaswag: Future) -> PrefectFuture:
         checkpoint = run.result().checkpoint
