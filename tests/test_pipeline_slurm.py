@@ -2,9 +2,9 @@
 real Prefect server and worker running the `gpt2-train/smoke-slurm` deployment as a user starts it.
 
 Two torchrun launchers as two srun tasks ("nodes") train exactly like one local launcher with both ranks;
-the job id, nodes and output reach the artifact; a cancelled flow run and a flow-run process killed outright
-leave nothing in squeue; a requeued job resumes from its checkpoint and the task completes; a partition that
-does not exist, or more nodes than the cluster has, fails the task at once with Slurm's reason.
+the job id, nodes and output reach the artifact; a cancelled flow run, a task timeout and a flow-run process killed
+outright leave nothing in squeue; a requeued job resumes from its checkpoint and the task completes; a partition that
+does not exist, or more nodes than the partition has, fails the task at once with Slurm's reason.
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ def run_dir(server, run_name: str):
     return found.parent
 
 
+def output(server, run_name: str, job_id: str) -> str:
+    return (run_dir(server, run_name) / "slurm" / f"job-{job_id}.out").read_text()
+
+
 def losses(run: os.PathLike) -> list[float]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [r["loss"] for r in map(json.loads, lines) if r.get("kind") == "train"]
@@ -99,13 +103,13 @@ def test_two_slurm_tasks_train_like_one_local_launcher_with_both_ranks(cluster, 
     torch.testing.assert_close(torch.tensor(losses(slurm_run)), torch.tensor(losses(local_run)), rtol=1e-6, atol=1e-6)
 
     # the job: finished, as Slurm says; its id, nodes and output in the artifact; its output in the task's log
-    (output,) = (slurm_run / "slurm").glob("job-*.out")
-    job_id = output.stem.removeprefix("job-")
+    (job_output,) = (slurm_run / "slurm").glob("job-*.out")
+    job_id = job_output.stem.removeprefix("job-")
     job = cluster.job(job_id)
     assert (job["JobState"], job["NumTasks"]) == ("COMPLETED", "2")
     summary = artifact(server, f"train-summary-{slurm_run.name}")["data"]
     assert f"Slurm job {job_id} (COMPLETED, requeued 0 time(s)) on nodes {cluster.node}" in summary
-    assert str(output) in summary
+    assert str(job_output) in summary
     logs = flow_run_logs(server, flow_run_id)
     assert f"[slurm] submitted job {job_id} ({slurm_run / 'slurm' / 'job.sh'})" in logs
     # gpt2.train's console lines, read from the job's output, as the local launcher forwards them
@@ -118,9 +122,19 @@ def test_cancelling_the_flow_run_cancels_the_job(cluster, server, worker):
     flow_run_id = start(server, "slurm-cancelled", *LONG_TRAINING)
     job_id = running_job(cluster, "slurm-cancelled")
     server.prefect("flow-run", "cancel", flow_run_id)  # what the UI's Cancel button does
-    assert_nothing_left(cluster, "slurm-cancelled")
+    assert_nothing_left(cluster, "slurm-cancelled", timeout_s=30)  # well before the heartbeat's 60 s
     assert cluster.job(job_id)["JobState"] == "CANCELLED"
+    assert "not touched" not in output(server, "slurm-cancelled", job_id)  # cancelled by the task, not its watchdog
     assert wait_for_final_state(server, flow_run_id, 120)["state"]["type"] == "CANCELLED"
+
+
+def test_a_train_timeout_cancels_the_job_and_is_not_retried(cluster, server, worker):
+    flow_run_id = start(server, "slurm-timeout", *LONG_TRAINING, "--param", "train_timeout_s=45")
+    job_id = running_job(cluster, "slurm-timeout")
+    assert wait_for_final_state(server, flow_run_id, 180)["state"]["type"] == "FAILED"
+    assert task_states(server, flow_run_id)["train"] == "TimedOut"
+    assert_nothing_left(cluster, "slurm-timeout")
+    assert cluster.job(job_id)["JobState"] == "CANCELLED"
 
 
 def test_a_killed_flow_run_process_leaves_a_job_that_cancels_itself(cluster, server, worker):
@@ -134,8 +148,7 @@ def test_a_killed_flow_run_process_leaves_a_job_that_cancels_itself(cluster, ser
     worker.wait()
     assert_nothing_left(cluster, "slurm-orphaned", timeout_s=90)
     assert cluster.job(job_id)["JobState"] == "CANCELLED"
-    output = (run_dir(server, "slurm-orphaned") / "slurm" / f"job-{job_id}.out").read_text()
-    assert "not touched for over 10 s" in output
+    assert "not touched for over 10 s" in output(server, "slurm-orphaned", job_id)
 
 
 def _parent(pid: int) -> int | None:
@@ -147,24 +160,24 @@ def _parent(pid: int) -> int | None:
 
 
 def test_a_requeued_job_resumes_from_its_checkpoint_and_the_task_completes(cluster, server, worker):
-    flow_run_id = start(server, "slurm-requeued", "--param", "max_steps=400", "--param", "checkpoint_every=20",
+    flow_run_id = start(server, "slurm-requeued", "--param", "max_steps=30", "--param", "checkpoint_every=10",
                         "--param", "val_every=0")
     job_id = running_job(cluster, "slurm-requeued")
-    run = wait_for(lambda: next((server.tree / "artifacts" / "runs" / "slurm-requeued").glob("*/checkpoints/step_*"),
-                                None), 300)
-    assert run, "no checkpoint was written"
+    checkpoints = server.tree / "artifacts" / "runs" / "slurm-requeued"
+    assert wait_for(lambda: next(checkpoints.glob("*/checkpoints/step_00000010/COMPLETE"), None), 300), "no checkpoint"
     cluster.run("scontrol", "requeue", job_id)  # what preemption with requeue does
     final = wait_for_final_state(server, flow_run_id)
     assert final["state"]["type"] == "COMPLETED", flow_run_logs(server, flow_run_id)[-30:]
     assert cluster.job(job_id)["Restarts"] == "1"
     summary = json.loads((run_dir(server, "slurm-requeued") / "summary.json").read_text())
-    assert summary["resumed_from"] and "step_" in summary["resumed_from"]
+    assert 10 <= int(summary["resumed_from"][-8:]) < 30  # a checkpoint written before the requeue
+    assert summary["checkpoint"].endswith("step_00000030")
     assert task_states(server, flow_run_id)["train"] == "Completed"  # one attempt: the task kept waiting
 
 
 @pytest.mark.parametrize("slurm, reason", [
     ({"partition": "no-such-partition"}, "Invalid partition name specified"),
-    ({"nodes": 3}, "Requested node configuration is not available"),
+    ({"nodes": 2, "tasks_per_node": 1}, "cannot start: PartitionNodeLimit"),  # sbatch takes it; it would pend forever
 ])
 def test_a_job_slurm_refuses_fails_the_task_at_once_with_slurms_reason(cluster, server, worker, slurm, reason):
     flow_run_id = start(server, "slurm-refused", slurm=slurm)
