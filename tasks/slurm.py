@@ -29,6 +29,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,14 +196,19 @@ class SlurmJob:
 
 
 def _slurm(cmd: list[str], env: Mapping[str, str] | None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{cmd[0]} not found: launcher=slurm runs Slurm's commands where the worker runs; start "
+                                "the worker on a login node of the cluster (or put Slurm's commands on its PATH)") from None
 
 
 class _OutputTail:
     """Hands each complete line appended to the job's output file to `on_line`, and keeps the last few."""
 
     def __init__(self, path: Path, on_line: Callable[[str], None]):
-        self.path, self.on_line, self.offset, self.tail = path, on_line, 0, []
+        self.path, self.on_line, self.offset = path, on_line, 0
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def poll(self) -> None:
         try:
@@ -214,13 +220,12 @@ class _OutputTail:
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
         for line in complete.decode(errors="replace").splitlines():
-            self.tail = [*self.tail[1 - TAIL_LINES:], line]
+            self.tail.append(line)
             self.on_line(line)
 
 
 def run_job(script: Path, heartbeat: Path, output: Callable[[str], Path], settings: SlurmSettings,
-            on_line: Callable[[str], None], on_poll: Callable[[], None] = lambda: None,
-            env: Mapping[str, str] | None = None) -> SlurmJobRecord:
+            on_line: Callable[[str], None], env: Mapping[str, str] | None = None) -> SlurmJobRecord:
     """Submit `script` and wait for its job, touching `heartbeat`, passing its output lines to `on_line`.
 
     Returns the record of a COMPLETED job. Raises SlurmRefused (not retried) when Slurm refuses it or it can
@@ -233,7 +238,7 @@ def run_job(script: Path, heartbeat: Path, output: Callable[[str], Path], settin
     on_line(f"[slurm] submitted job {job.job_id} ({script})")
     with stopped_with_flow_run(job.cancel, f"Slurm job {job.job_id}"):
         try:
-            info, tail = _wait(job, heartbeat, _OutputTail(output(job.job_id), on_line), settings, on_poll)
+            info, tail = _wait(job, heartbeat, _OutputTail(output(job.job_id), on_line), settings)
         except BaseException:
             job.cancel()
             raise
@@ -249,16 +254,23 @@ def run_job(script: Path, heartbeat: Path, output: Callable[[str], Path], settin
     raise TransientError(message)
 
 
-def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSettings,
-          on_poll: Callable[[], None]) -> tuple[JobInfo, list[str]]:
+def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSettings) -> tuple[JobInfo, list[str]]:
+    unknown_since = None  # a controller restarting does not know its jobs for a moment: wait that out
     while True:
         heartbeat.touch()
         output.poll()
-        on_poll()
-        info = job.info()
+        try:
+            info = job.info()
+        except TransientError:
+            unknown_since = unknown_since or time.monotonic()
+            if time.monotonic() - unknown_since > settings.heartbeat_timeout_s:
+                raise
+            time.sleep(settings.poll_s)
+            continue
+        unknown_since = None
         if info.state in FINISHED:
             output.poll()
-            return info, output.tail
+            return info, list(output.tail)
         if info.state == "PENDING" and info.reason in NEVER_STARTS:
             raise SlurmRefused(f"Slurm job {job.job_id} cannot start: {info.reason} (scontrol show job {job.job_id})")
         time.sleep(settings.poll_s)

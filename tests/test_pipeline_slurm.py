@@ -2,9 +2,10 @@
 real Prefect server and worker running the `gpt2-train/smoke-slurm` deployment as a user starts it.
 
 Two torchrun launchers as two srun tasks ("nodes") train exactly like one local launcher with both ranks;
-the job id, nodes and output reach the artifact; a cancelled flow run, a task timeout and a flow-run process killed
-outright leave nothing in squeue; a requeued job resumes from its checkpoint and the task completes; a partition that
-does not exist, or more nodes than the partition has, fails the task at once with Slurm's reason.
+the job id, nodes and output reach the artifact; a cancelled flow run, a task timeout and a flow-run
+process killed outright leave nothing in squeue; a failed job is resubmitted by the task's retry and a
+requeued job reruns, both resuming from the run's checkpoint, and the task completes; a partition that does
+not exist, or more nodes than the partition has, fails the task at once with Slurm's reason.
 """
 
 from __future__ import annotations
@@ -173,6 +174,25 @@ def test_a_requeued_job_resumes_from_its_checkpoint_and_the_task_completes(clust
     assert 10 <= int(summary["resumed_from"][-8:]) < 30  # a checkpoint written before the requeue
     assert summary["checkpoint"].endswith("step_00000030")
     assert task_states(server, flow_run_id)["train"] == "Completed"  # one attempt: the task kept waiting
+
+
+def test_a_failed_job_is_resubmitted_by_the_retry_and_resumes_from_its_checkpoint(cluster, server, worker):
+    flow_run_id = start(server, "slurm-failed", "--param", "max_steps=30", "--param", "checkpoint_every=10",
+                        "--param", "val_every=0")
+    first_job = running_job(cluster, "slurm-failed")
+    checkpoints = server.tree / "artifacts" / "runs" / "slurm-failed"
+    assert wait_for(lambda: next(checkpoints.glob("*/checkpoints/step_00000010/COMPLETE"), None), 300), "no checkpoint"
+    rank = next(pid for pid, cmdline in training_processes("slurm-failed")
+                if "-m gpt2.train" in cmdline and "torch.distributed.run" not in cmdline)
+    os.kill(rank, signal.SIGKILL)  # a rank dies (a node failure, OOM): the job fails
+    final = wait_for_final_state(server, flow_run_id)
+    assert final["state"]["type"] == "COMPLETED", flow_run_logs(server, flow_run_id)[-30:]
+    assert cluster.job(first_job)["JobState"] == "FAILED"
+    jobs = sorted(int(p.stem.removeprefix("job-")) for p in (run_dir(server, "slurm-failed") / "slurm").glob("job-*.out"))
+    assert len(jobs) == 2 and cluster.job(str(jobs[1]))["JobState"] == "COMPLETED"  # the retry's new job
+    summary = json.loads((run_dir(server, "slurm-failed") / "summary.json").read_text())
+    assert 10 <= int(summary["resumed_from"][-8:]) < 30 and summary["checkpoint"].endswith("step_00000030")
+    assert cluster.queue() == []
 
 
 @pytest.mark.parametrize("slurm, reason", [

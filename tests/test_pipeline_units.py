@@ -93,6 +93,18 @@ def test_is_transient(exc, transient):
     assert is_transient(exc) is transient
 
 
+def test_the_tasks_own_timeout_is_not_retried_though_a_network_timeout_is():
+    """Prefect hands the retry condition its TaskRunTimeoutError, a TimeoutError: retrying would only time out again."""
+    from prefect.states import Failed
+    from prefect.task_engine import TaskRunTimeoutError
+
+    from tasks.retry import retry_if_transient
+
+    assert retry_if_transient(None, None, Failed(data=TaskRunTimeoutError("Scope timed out after 45.0 second(s).")))\
+        is False
+    assert retry_if_transient(None, None, Failed(data=TimeoutError("read timed out"))) is True
+
+
 # ---------------------------------------------------------------------------------------------------------
 # launcher
 
@@ -273,6 +285,16 @@ def test_slurm_job_script_asks_for_the_settings_and_lets_the_shell_fill_in_the_f
     assert script.index("module load cuda") < script.index("srun ")
     result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_slurm_launcher_without_slurms_commands_says_where_the_worker_must_run(tmp_path):
+    from tasks.slurm import SlurmSettings, run_job
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n")
+    with pytest.raises(FileNotFoundError, match="sbatch not found: .* start the worker on a login node"):
+        run_job(script, tmp_path / "heartbeat", lambda job_id: tmp_path / f"job-{job_id}.out", SlurmSettings(),
+                print, env={"PATH": str(tmp_path)})
 
 
 # the init stage's weight sources
