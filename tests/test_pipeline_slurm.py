@@ -131,8 +131,9 @@ def test_cancelling_the_flow_run_cancels_the_job(cluster, server, worker):
 
 
 def test_a_train_timeout_cancels_the_job_and_is_not_retried(cluster, server, worker):
-    flow_run_id = start(server, "slurm-timeout", *LONG_TRAINING, "--param", "train_timeout_s=45")
-    job_id = running_job(cluster, "slurm-timeout")
+    flow_run_id = start(server, "slurm-timeout", *LONG_TRAINING, "--param", "train_timeout_s=20")
+    job_id = wait_for(lambda: next((line.split()[0] for line in cluster.queue() if "slurm-timeout" in line), None), 60)
+    assert job_id, "no job was submitted"
     assert wait_for_final_state(server, flow_run_id, 180)["state"]["type"] == "FAILED"
     assert task_states(server, flow_run_id)["train"] == "TimedOut"
     assert_nothing_left(cluster, "slurm-timeout")
