@@ -8,7 +8,7 @@
 Slurm's own commands (sbatch --parsable, scontrol show job, sacct, scancel) are the whole interface: they are
 stable across Slurm versions and present on every login node. submitit would run a pickled Python function
 on each node and hand results back as pickle files, and the pipeline unpickles nothing; pyslurm is compiled
-against one Slurm release. What the task needs is a shell script, a job id and the job's state.
+against one Slurm version. What the task needs is a shell script, a job id and the job's state.
 
 Nothing is lost when the task goes away:
 - a cancelled flow run, a task timeout, an exception in the wait: the job is cancelled (`SlurmJob.cancel`, also
