@@ -236,12 +236,12 @@ def run_job(script: Path, heartbeat: Path, output: Callable[[str], Path], settin
     heartbeat.touch()
     job = SlurmJob.submit(script, env)
     on_line(f"[slurm] submitted job {job.job_id} ({script})")
-    with stopped_with_flow_run(job.cancel, f"Slurm job {job.job_id}"):
-        try:
+    try:
+        with stopped_with_flow_run(job.cancel, f"Slurm job {job.job_id}"):  # Stopped if the flow run ended meanwhile
             info, tail = _wait(job, heartbeat, _OutputTail(output(job.job_id), on_line), settings)
-        except BaseException:
-            job.cancel()
-            raise
+    except BaseException:
+        job.cancel()
+        raise
     record = SlurmJobRecord(job.job_id, info.nodes, info.state, info.restarts, str(script), str(output(job.job_id)))
     if info.state == "COMPLETED":
         return record
