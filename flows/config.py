@@ -6,7 +6,7 @@ other value of the deployment. The training fields are generated from `gpt2.trai
 (one owner): a field added there is a pipeline parameter at once. Their default, None, means
 "gpt2.train's default".
 
-`eval` and `rendezvous` are the only nested parameters; a partial value (`--param eval='{"device": "cpu"}'`)
+`eval`, `rendezvous` and `slurm` are the only nested parameters; a partial value (`--param eval='{"device": "cpu"}'`)
 is merged into the deployment's, field by field (`merge_with_deployment`).
 """
 
@@ -18,7 +18,7 @@ import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
@@ -28,6 +28,7 @@ from data.hellaswag import HELLASWAG_VAL_URL
 from gpt2.train_config import WIRED_FIELDS, TrainConfig
 from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
+from tasks.slurm import SlurmSettings
 
 
 class _PipelineFields(BaseModel):
@@ -56,6 +57,11 @@ class _PipelineFields(BaseModel):
     # launching
     nproc: Optional[int] = Field(None, ge=1, description="processes per node; default one per visible GPU, else 1")
     rendezvous: Rendezvous = Field(Rendezvous(), description="torchrun across machines (docs/pipeline.md)")
+    launcher: Literal["local", "slurm"] = Field(
+        "local", description="where training runs: 'local', torchrun on the worker's host; 'slurm', one Slurm job "
+        "of slurm.nodes nodes, one torchrun each (docs/pipeline.md, Beyond one machine)")
+    slurm: SlurmSettings = Field(SlurmSettings(), description="the Slurm job of launcher=slurm: partition, account, "
+                                 "time_limit, nodes, gpus_per_node, sbatch_options, setup, ...")
     train_timeout_s: Optional[float] = Field(None, gt=0, description="kill training after this long (not retried)")
     # final evaluation and samples (prompt and length: the training settings sample_prompt, sample_tokens)
     eval: EvalSettings = Field(EvalSettings(), description="how checkpoints are evaluated")
@@ -138,7 +144,7 @@ def settings_parameters(extra: tuple[inspect.Parameter, ...] = ()) -> Callable[[
 
 
 def merge_with_deployment(parameters: dict[str, Any], deployment: dict[str, Any] | None) -> dict[str, Any]:
-    """A run's parameters over its deployment's, nested ones (`eval`, `rendezvous`) merged field by field.
+    """A run's parameters over its deployment's, nested ones (`eval`, `rendezvous`, `slurm`) merged field by field.
 
     Prefect merges a run's parameters into its deployment's one level deep, so `--param eval='{...}'`
     would replace the deployment's whole `eval`; this restores the deployment's other fields.
@@ -169,10 +175,10 @@ def _check_training(settings: PipelineSettings) -> None:
     """
     from gpt2.train_config import validate_train_settings
 
-    from tasks.launch import visible_gpus
+    from tasks.train import world_shape
 
     # the HellaSwag file's path is not known yet; only whether there is one matters (the vocabulary check)
     hellaswag = str(settings.hellaswag_dir) if settings.hellaswag_source else None
-    world_size = (settings.nproc or max(1, visible_gpus())) * settings.rendezvous.nnodes
-    validate_train_settings(settings.train, world_size,
+    nproc, nnodes = world_shape(settings.launcher, settings.nproc, settings.rendezvous, settings.slurm)
+    validate_train_settings(settings.train, nproc * nnodes,
                             wired={"model": settings.model, "seed": settings.seed, "hellaswag": hellaswag})

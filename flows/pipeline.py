@@ -123,7 +123,7 @@ class Stages:
         s = self.s
         task_obj = train.with_options(timeout_seconds=s.train_timeout_s) if s.train_timeout_s else train
         return self._submit("train", task_obj, shards, hellaswag, init, s.seed, s.train, str(s.runs_dir), s.nproc,
-                            s.rendezvous)
+                            s.rendezvous, s.launcher, s.slurm)
 
     def evaluate(self, run: PrefectFuture, shards: PrefectFuture, hellaswag: Future) -> PrefectFuture:
         checkpoint = run.result().checkpoint

@@ -12,6 +12,7 @@
       loss_curve.png     train and val loss against step (the pipeline's report)
       hf_step_XXXXXXXX/  a checkpoint exported as a Hugging Face directory (the pipeline's export stage)
       LOCK               held by the training process that writes here (`RunDir.lock`)
+      slurm/             job.sh, job-<id>.out (the job's output) and heartbeat, when a Slurm job trains it
 
 Everything that reads or writes a run asks a `RunDir` for the path instead of spelling the layout out.
 """
@@ -97,6 +98,23 @@ class RunDir:
     @property
     def lock_file(self) -> Path:
         return self.root / "LOCK"
+
+    @property
+    def slurm(self) -> Path:
+        """The Slurm launcher's folder (tasks.slurm): the job script, each job's output and the heartbeat."""
+        return self.root / "slurm"
+
+    @property
+    def slurm_script(self) -> Path:
+        return self.slurm / "job.sh"
+
+    @property
+    def slurm_heartbeat(self) -> Path:
+        """Touched by the task while it waits for the job; the job cancels itself when it goes stale."""
+        return self.slurm / "heartbeat"
+
+    def slurm_output(self, job_id: str) -> Path:
+        return self.slurm / f"job-{job_id}.out"
 
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / _step_name(step)

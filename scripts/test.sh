@@ -5,5 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_postgres.sh  # PostgreSQL for tests/test_pipeline_deployments.py (skips itself without)
+bash scripts/install_slurm.sh     # Slurm + munge for tests/test_pipeline_slurm.py (skips itself without)
 # exits non-zero when a test fails and when no test ran (pytest's exit code 5)
 exec .venv/bin/python -m pytest -ra "$@"

@@ -11,6 +11,8 @@ A training process must never outlive its flow run (it would keep the GPUs). Thr
 3. `stop_children_on_exit()` wraps a flow body: on any exception reaching it (Prefect's termination on
    SIGTERM, a cancellation, Ctrl-C) it kills every command still running in this process, including those
    of tasks running on other threads, and refuses to start new ones, so a retry cannot relaunch training.
+   Work running elsewhere (a Slurm job, tasks.slurm) registers its stop with `stopped_with_flow_run`, and is
+   stopped the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ TAIL_LINES = 40  # output lines quoted in the error of a failed command
 POLL_S = 0.2  # how often the waiting thread wakes up (exceptions Prefect injects land between waits)
 
 _running: set[subprocess.Popen] = set()
+_remote_stops: set[Callable[[], None]] = set()  # how to stop each job running elsewhere (a Slurm job's cancel)
 _running_lock = threading.Lock()
 _stopping = threading.Event()  # set once this process's flow run is being torn down
 
@@ -86,15 +89,16 @@ def visible_gpus() -> int:
 
 
 def torchrun_command(module: str, args: Sequence[str], nproc: int, rendezvous: Rendezvous = Rendezvous(),
-                     run_id: str | None = None) -> list[str]:
-    """`python -m torch.distributed.run ... -m module args` (the `torchrun` of this interpreter).
+                     run_id: str | None = None, python: str = sys.executable) -> list[str]:
+    """`python -m torch.distributed.run ... -m module args` (the `torchrun` of `python`, by default this
+    interpreter).
 
     Each rank runs as `common.lifetime python -m module`, so it dies with torchrun (layer 1 above).
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    return [sys.executable, "-m", "torch.distributed.run", *rendezvous.torchrun_args(run_id),
-            f"--nproc-per-node={nproc}", "-m", "common.lifetime", sys.executable, "-m", module, *args]
+    return [python, "-m", "torch.distributed.run", *rendezvous.torchrun_args(run_id),
+            f"--nproc-per-node={nproc}", "-m", "common.lifetime", python, "-m", module, *args]
 
 
 def _kill_group(proc: subprocess.Popen, grace_s: float) -> None:
@@ -171,11 +175,34 @@ def run_streaming(
         raise CommandFailed(cmd, returncode, tail)
 
 
+@contextmanager
+def stopped_with_flow_run(stop: Callable[[], None], what: str) -> Iterator[None]:
+    """While the block runs, `stop_all` calls `stop` (e.g. cancels a Slurm job); refuse to start `what` when the
+    flow run is already ending."""
+    with _running_lock:
+        if _stopping.is_set():
+            raise Stopped(f"not starting {what}: the flow run is ending")
+        _remote_stops.add(stop)
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _remote_stops.discard(stop)
+
+
+def flow_run_ending() -> bool:
+    """True once `stop_all` ran in this process: whatever fails now failed because it was stopped."""
+    return _stopping.is_set()
+
+
 def stop_all(grace_s: float = KILL_GRACE_S) -> None:
-    """Kill every command this process is running (each group: SIGTERM, SIGKILL after `grace_s`), start no more."""
+    """Kill every command this process is running (each group: SIGTERM, SIGKILL after `grace_s`) and stop every
+    job registered with `stopped_with_flow_run`; start no more."""
     _stopping.set()
     with _running_lock:
-        procs = list(_running)
+        procs, remote_stops = list(_running), list(_remote_stops)
+    for stop in remote_stops:
+        stop()
     for proc in procs:
         try:
             os.killpg(proc.pid, signal.SIGTERM)

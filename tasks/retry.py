@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from prefect.task_engine import TaskRunTimeoutError
 from prefect.tasks import exponential_backoff
 
 from common.files import is_disk_full
@@ -63,9 +64,15 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect `retry_condition_fn`: retry a failed run only if its exception is transient."""
+    """Prefect `retry_condition_fn`: retry a failed run only if its exception is transient.
+
+    The task's own time limit (Prefect's TaskRunTimeoutError, a TimeoutError) is not: a retry would only run
+    out of it again.
+    """
     try:
         state.result()
+    except TaskRunTimeoutError:
+        return False
     except Exception as exc:
         return is_transient(exc)
     return False

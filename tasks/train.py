@@ -1,5 +1,9 @@
 """The train stage: `torchrun -m gpt2.train` from the init stage's weights, in a run directory named by content.
 
+`launcher` says where torchrun runs: `local`, on the worker's host (tasks.launch), or `slurm`, one batch job of
+N nodes with one torchrun per node (tasks.slurm). Either way the task waits, shows the same log lines and
+progress, and records the same outcome.
+
 The stage builds and validates gpt2.train's TrainConfig in-process (a bad setting fails before any process
 starts, and is not retried), hands it over as the run's JSON config, follows progress in the run's
 metrics file and reads the outcome from its summary file (paths from gpt2.run_dir).
@@ -10,9 +14,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
@@ -27,6 +32,7 @@ from tasks.cancel_watch import watch_for_cancellation
 from tasks.launch import CommandFailed, Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
 from tasks.retry import TransientError, retry_if_transient
+from tasks.slurm import SlurmJobRecord, SlurmSettings, job_script, run_job
 from tasks.tokenize import ShardsRecord
 
 if TYPE_CHECKING:
@@ -42,6 +48,7 @@ PROGRESS_POLL_S = 1.0  # how often the metrics file is looked at for progress
 # errors of the training process that a retry would meet again: a full disk (path, bytes needed and free), a
 # checkpoint that cannot be loaded (e.g. of the older pickled format, with the command that converts it)
 NOT_RETRIED = (DiskFull, CheckpointError)
+Launcher = Literal["local", "slurm"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class TrainRecord(StageRecord):
     mfu: float | None
     loss_curve: str
     rejected_checkpoints: tuple[str, ...] = ()  # checkpoints that failed verification and were not resumed from
+    slurm_job: SlurmJobRecord | None = None  # the job that trained it (launcher=slurm)
 
 
 class _ProgressReporter:
@@ -89,38 +97,47 @@ class _ProgressReporter:
             self.shown = percent
 
 
+def world_shape(launcher: Launcher, nproc: int | None, rendezvous: Rendezvous, slurm: SlurmSettings) -> tuple[int, int]:
+    """(processes per node, torchrun launchers) of a run: its world size is their product."""
+    if launcher == "slurm":
+        return slurm.processes_per_node(nproc), slurm.launchers
+    return nproc or max(1, visible_gpus()), rendezvous.nnodes
+
+
 @task(name="train", cache_policy=StageCache(stage="train", code=TRAIN_CODE, ignore=("rendezvous",)),
       persist_result=True, retries=TRAIN_RETRIES, retry_delay_seconds=TRAIN_RETRY_DELAY_S,
       retry_condition_fn=retry_if_transient)
 def train(
     shards: ShardsRecord, hellaswag: EvalFileRecord | None, init: WeightsRecord, seed: int,
     settings: dict[str, Any], runs_dir: str, nproc: int | None = None, rendezvous: Rendezvous = Rendezvous(),
+    launcher: Launcher = "local", slurm: SlurmSettings = SlurmSettings(),
 ) -> TrainRecord:
-    """`torchrun -m gpt2.train` from the init stage's weights; retries resume from the newest checkpoint that
-    verifies.
+    """`torchrun -m gpt2.train` from the init stage's weights, on this host or as a Slurm job; retries resume from
+    the newest checkpoint that verifies.
 
     The run directory is runs_dir/<id>, where the id hashes everything that determines the run (inputs by
     content, settings, process count, code), so a changed setting starts a new run instead of resuming an
     unrelated one, and a retry of the same run finds its own checkpoints.
-    nproc: processes per node; default one per visible GPU, else 1 (CPU).
+    nproc: processes per node; default one per visible GPU, else 1 (CPU); under Slurm, slurm.gpus_per_node.
     """
     from gpt2.run_dir import RunDir
     from gpt2.train_config import validate_train_settings
 
-    nproc = nproc or max(1, visible_gpus())
+    nproc, nnodes = world_shape(launcher, nproc, rendezvous, slurm)
     run_id = stage_key("train", TRAIN_CODE, dict(shards=shards, hellaswag=hellaswag, init=init, seed=seed,
-                                                   settings=settings, nproc=nproc))[:12]
+                                                   settings=settings, nproc=nproc, nnodes=nnodes))[:12]
     run_dir = RunDir(Path(runs_dir).resolve() / run_id)
     wired = {"model": init.model, "seed": seed, "train_data": shards.train_glob, "val_data": shards.val_glob,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
     # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
     # process starts: a ConfigError is deterministic and is not retried
-    config = validate_train_settings(settings, nproc * rendezvous.nnodes, wired, check_inputs=True)
+    config = validate_train_settings(settings, nproc * nnodes, wired, check_inputs=True)
     run_dir.root.mkdir(parents=True, exist_ok=True)
     write_json(run_dir.launch_config, config.to_dict())
 
     logger = get_run_logger()
-    logger.info("training in %s with %d process(es) per node", run_dir.root, nproc)
+    logger.info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root, nproc, nnodes,
+                launcher)
     log = log_lines()
     progress = _ProgressReporter(run_dir.metrics, config.max_steps, artifact_key("train-progress", run_id))
 
@@ -128,19 +145,33 @@ def train(
         log(line)
         progress.poll()
 
-    cmd = torchrun_command("gpt2.train", ["--config", str(run_dir.launch_config)], nproc, rendezvous, run_id=run_id)
+    train_args = ["--config", str(run_dir.launch_config)]
+    job = None
     try:
         with watch_for_cancellation(stop=stop_all):  # a cancel the worker no longer sees still stops training
-            run_streaming(cmd, on_line)
+            if launcher == "slurm":
+                job = _run_slurm_job(run_dir, run_id, train_args, nproc, rendezvous.max_restarts, slurm, on_line)
+            else:
+                run_streaming(torchrun_command("gpt2.train", train_args, nproc, rendezvous, run_id=run_id), on_line)
     except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
         if any(f"{error.__name__}: " in str(e) for error in NOT_RETRIED):
             raise  # fails the same way every time: now, with the error in the output's last lines
         raise TransientError(str(e)) from e
     progress.poll(now=True)
-    return _train_record(run_dir, config)
+    return _train_record(run_dir, config, job)
 
 
-def _train_record(run_dir: RunDir, config: TrainConfig) -> TrainRecord:
+def _run_slurm_job(run_dir: RunDir, run_id: str, train_args: list[str], nproc: int, max_restarts: int,
+                   slurm: SlurmSettings, on_line: Callable[[str], None]) -> SlurmJobRecord:
+    """Write the run's job script (slurm/job.sh) and run it as one Slurm job (tasks.slurm.run_job)."""
+    script = job_script(slurm, train_args, nproc, run_id, max_restarts, str(run_dir.slurm_output("%j")),
+                        run_dir.slurm_heartbeat, f"gpt2-{run_dir.root.parent.name}-{run_id}", Path.cwd())
+    run_dir.slurm.mkdir(exist_ok=True)
+    run_dir.slurm_script.write_text(script)
+    return run_job(run_dir.slurm_script, run_dir.slurm_heartbeat, run_dir.slurm_output, slurm, on_line)
+
+
+def _train_record(run_dir: RunDir, config: TrainConfig, job: SlurmJobRecord | None = None) -> TrainRecord:
     """The record of a finished run, from the summary gpt2.train wrote and its metrics; the final checkpoint is
     verified (sizes and sha256) before it is recorded."""
     summary = read_json(run_dir.summary)
@@ -157,10 +188,14 @@ def _train_record(run_dir: RunDir, config: TrainConfig) -> TrainRecord:
         markdown += ("\nCheckpoints that failed verification, set aside and not resumed from (this session resumed "
                      f"from {summary.get('resumed_from') or 'the beginning'}):\n\n"
                      + "".join(f"- {r}\n" for r in rejected))
+    if job:
+        markdown += (f"\nSlurm job {job.job_id} ({job.state}, requeued {job.restarts} time(s)) on nodes {job.nodes}; "
+                     f"script {job.script}, output {job.output}\n")
     create_markdown_artifact(markdown, key=artifact_key("train-summary", run_dir.root.name),
                              description="final loss, tokens/s and MFU against the reference points")
     return TrainRecord(
         files=final.files + (FileRef.of(run_dir.summary),), run_dir=str(run_dir.root), checkpoint=final,
         steps=final.step, tokens=tokens, train_loss=figures["train_loss"], val_loss=figures["val_loss"],
         tokens_per_s=figures["tokens_per_s"], mfu=figures["mfu"], loss_curve=str(curve), rejected_checkpoints=rejected,
+        slurm_job=job,
     )

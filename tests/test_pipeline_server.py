@@ -16,6 +16,8 @@ import shutil
 import signal
 import subprocess
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,28 +69,35 @@ class Server:
         return re.search(r"UUID: ([0-9a-f-]{36})", out).group(1)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("server")
+@contextmanager
+def serving_this_tree(root: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A Prefect server (its own PREFECT_HOME under `root`) with the work pool and the deployments of a copy of
+    this working tree; `env` is added to the environment of the server, its workers and their flow runs."""
     tree = copy_tree(root / "tree")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(root / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    server_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    server_env.update(env or {}, PREFECT_HOME=str(root / "home"), PREFECT_API_URL=f"http://127.0.0.1:{port}/api",
+                      PREFECT_SERVER_ANALYTICS_ENABLED="false")
     logs = root / "logs"
     logs.mkdir()
     with open(logs / "server.log", "w") as log:
         proc = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], cwd=tree,
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=server_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_until(lambda: _healthy(env["PREFECT_API_URL"]), 180, "the server to answer")
-        s = Server(tree, env, logs)
+        _wait_until(lambda: _healthy(server_env["PREFECT_API_URL"]), 180, "the server to answer")
+        s = Server(tree, server_env, logs)
         s.prefect("work-pool", "create", "gpt2-local", "--type", "process", "--overwrite")
         s.prefect("--no-prompt", "deploy", "--all")
         yield s
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving_this_tree(tmp_path_factory.mktemp("server")) as s:
+        yield s
 
 
 def _healthy(api_url: str) -> bool:

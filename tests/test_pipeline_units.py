@@ -94,6 +94,18 @@ def test_is_transient(exc, transient):
     assert is_transient(exc) is transient
 
 
+def test_the_tasks_own_timeout_is_not_retried_though_a_network_timeout_is():
+    """Prefect hands the retry condition its TaskRunTimeoutError, a TimeoutError: retrying would only time out again."""
+    from prefect.states import Failed
+    from prefect.task_engine import TaskRunTimeoutError
+
+    from tasks.retry import retry_if_transient
+
+    assert retry_if_transient(None, None, Failed(data=TaskRunTimeoutError("Scope timed out after 45.0 second(s).")))\
+        is False
+    assert retry_if_transient(None, None, Failed(data=TimeoutError("read timed out"))) is True
+
+
 # ---------------------------------------------------------------------------------------------------------
 # launcher
 
@@ -251,6 +263,50 @@ def test_names_that_would_climb_out_of_root_are_refused_naming_the_parameter(nam
 
     with pytest.raises(SettingsError, match=f"{name}: .*must be a plain name.*got '{re.escape(value)}'"):
         check_settings({name: value, "hellaswag_source": None, "nproc": 1})
+
+
+def test_slurm_launcher_world_size_is_nodes_times_tasks_times_processes_and_is_checked_at_flow_start(tmp_path):
+    """Under launcher=slurm the world is slurm.nodes x tasks_per_node launchers x gpus_per_node processes (else
+    nproc), whatever the worker's host has; the batch check sees that world before any job is submitted."""
+    from flows.config import check_settings
+    from gpt2.train_config import ConfigError
+
+    base = dict(root=str(tmp_path), model="n_layer=1,n_head=1,n_embd=8,block_size=16", hellaswag_source=None,
+                batch_size=2, seq_len=16, max_steps=4, warmup_steps=1, sample_every=0, launcher="slurm")
+    check_settings({**base, "total_batch_size": 2 * 16 * 8, "slurm": {"nodes": 2, "gpus_per_node": 4}})
+    with pytest.raises(ConfigError, match=r"2\*16\*8 = 256"):
+        check_settings({**base, "total_batch_size": 128, "slurm": {"nodes": 2, "gpus_per_node": 4}})
+    with pytest.raises(ConfigError, match=r"2\*16\*6 = 192"):  # no GPUs: nproc processes per launcher
+        check_settings({**base, "total_batch_size": 128, "nproc": 3, "slurm": {"nodes": 1, "tasks_per_node": 2}})
+
+
+def test_slurm_job_script_asks_for_the_settings_and_lets_the_shell_fill_in_the_first_node(tmp_path):
+    from tasks.slurm import SlurmSettings, job_script
+
+    settings = SlurmSettings(partition="h100", account="lab", time_limit="1:00:00", nodes=8, gpus_per_node=8,
+                             sbatch_options=("--qos=high",), setup="module load cuda", python="/opt/py/bin/python")
+    script = job_script(settings, ["--config", "/runs/a b/launch_config.json"], 8, "run42", 1, "/runs/job-%j.out",
+                        tmp_path / "heartbeat", "gpt2-x", Path("/repo"))
+    sbatch = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+    assert {"--nodes=8", "--ntasks-per-node=1", "--partition=h100", "--account=lab", "--time=1:00:00",
+            "--gpus-per-node=8", "--qos=high", "--requeue", "--chdir=/repo", "--output=/runs/job-%j.out"} <= set(sbatch)
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert ('"--rdzv-endpoint=$RDZV_HOST:29400" --rdzv-id=run42 --max-restarts=1 --nproc-per-node=8' in srun
+            and srun.startswith("srun --kill-on-bad-exit=1 /opt/py/bin/python -m torch.distributed.run --nnodes=8 "))
+    assert srun.endswith("-m gpt2.train --config '/runs/a b/launch_config.json'")
+    assert script.index("module load cuda") < script.index("srun ")
+    result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_slurm_launcher_without_slurms_commands_says_where_the_worker_must_run(tmp_path):
+    from tasks.slurm import SlurmSettings, run_job
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n")
+    with pytest.raises(FileNotFoundError, match="sbatch not found: .* start the worker on a login node"):
+        run_job(script, tmp_path / "heartbeat", lambda job_id: tmp_path / f"job-{job_id}.out", SlurmSettings(),
+                print, env={"PATH": str(tmp_path)})
 
 
 # the init stage's weight sources
