@@ -94,37 +94,47 @@ def test_each_row_states_llmcs_value_and_the_deployments(row):
 
 def test_the_cross_check_figures_are_those_of_the_committed_runs(tmp_path):
     """docs/reference.md's cross-check tables, recomputed from the raw outputs under bench/results by the
-    script that made them: ours at today's defaults (master weights) and ours before master weights, each
-    against the same llm.c run."""
-    from bench.crosscheck_llmc import compare
+    script that made them: ours at today's defaults (master weights) with three noise runs, and ours before
+    master weights with its noise run, each against the same llm.c run."""
+    from bench.crosscheck_llmc import WINDOWS, compare
 
     results = REPO / "bench" / "results" / "2026-11-24"
-    llmc, llmc_noise = results / "crosscheck-llmc-h100" / "llmc.log", results / "crosscheck-llmc-h100" / "llmc_ge2.log"
-    ours = results / "crosscheck-llmc-h100-master-weights" / "ours.metrics.jsonl"
-    before = results / "crosscheck-llmc-h100"
-    summary = compare(llmc, ours, [f"llmc_ge2={llmc_noise}"], tmp_path / "now", tokens_per_step=65536)
+    now, before = results / "crosscheck-llmc-h100-master-weights", results / "crosscheck-llmc-h100"
+    llmc = before / "llmc.log"
+    summary = compare(llmc, now / "ours.metrics.jsonl",
+                      [f"llmc_ge2={before / 'llmc_ge2.log'}", f"llmc_seed={now / 'llmc_seed.log'}",
+                       f"ours_nokernels={now / 'ours_nokernels.metrics.jsonl'}"], tmp_path / "now", tokens_per_step=65536)
     earlier = compare(llmc, before / "ours.metrics.jsonl",
                       [f"ours_nokernels={before / 'ours_nokernels.metrics.jsonl'}"], tmp_path / "before",
                       tokens_per_step=65536)
     text = (REPO / "docs" / "reference.md").read_text()
 
-    def cells(stats: dict) -> str:
-        windows = [*stats["windows"].values(), stats]
-        first = f"{windows[0]['max_abs']:.3f} / {windows[0]['mean_abs']:.3f}"  # step 0 alone: no "at step"
-        return " | ".join([first, *(f"{w['max_abs']:.3f} ({w['at_step']}) / {w['mean_abs']:.3f}" for w in windows[1:])])
+    def cells(stats: dict) -> str:  # step 0 alone has no "at step"; a shorter run's missing ranges are "—"
+        windows = list(stats["windows"].values())
+        first = f"{windows[0]['max_abs']:.3f} / {windows[0]['mean_abs']:.3f}"
+        rest = [f"{w['max_abs']:.3f} ({w['at_step']}) / {w['mean_abs']:.3f}" for w in windows[1:]]
+        rest += ["—"] * (len(WINDOWS) - len(windows))
+        return " | ".join([first, *rest, f"{stats['max_abs']:.3f} ({stats['at_step']}) / {stats['mean_abs']:.3f}"])
 
     def val_row(name: str, values: dict) -> str:
-        return f"| {name} | " + " | ".join(f"{v:.4f}" for v in values.values()) + " |"
+        return f"| {name} | " + " | ".join(f"{values[s]:.4f}" if s in values else "—"
+                                           for s in (0, 250, 300, 500, 750, 1000)) + " |"
 
+    noise = summary["noise"]
     assert f"| llm.c vs ours | {cells(summary['llmc_vs_ours'])} |" in text
-    assert f"| noise: llm.c vs llm.c `-ge 2` | {cells(summary['noise']['llmc_ge2'])} |" in text
+    assert f"| noise: llm.c vs llm.c `-ge 2` | {cells(noise['llmc_ge2'])} |" in text
+    assert f"| noise: llm.c vs llm.c, another rounding seed | {cells(noise['llmc_seed'])} |" in text
+    assert f"| noise: ours vs ours `--no-kernels` | {cells(noise['ours_nokernels'])} |" in text
     assert f"| llm.c vs ours without master weights | {cells(earlier['llmc_vs_ours'])} |" in text
     assert (f"| noise: ours vs ours `--no-kernels`, both without master weights | "
             f"{cells(earlier['noise']['ours_nokernels'])} |") in text
     assert val_row("llm.c `train_gpt2cu`", summary["val"]["llmc"]) in text
     assert val_row("ours, `gpt2.train` defaults", summary["val"]["ours"]) in text
     assert val_row("llm.c `-ge 2` (noise)", summary["val"]["llmc_ge2"]) in text
+    assert val_row("llm.c, another rounding seed (noise)", summary["val"]["llmc_seed"]) in text
+    assert val_row("ours `--no-kernels` (noise)", summary["val"]["ours_nokernels"]) in text
     assert val_row("ours without master weights", earlier["val"]["ours"]) in text
     assert val_row("ours without master weights, `--no-kernels` (noise)", earlier["val"]["ours_nokernels"]) in text
-    assert f"llm.c {summary['tokens_per_s']['llmc']:,.0f}" in text and f"ours {summary['tokens_per_s']['ours']:,.0f}" in text
-    assert f"without\nmaster weights {earlier['tokens_per_s']['ours']:,.0f}" in text
+    tokens, tokens_before = summary["tokens_per_s"], earlier["tokens_per_s"]
+    assert f"llm.c {tokens['llmc']:,.0f}" in text and f"ours {tokens['ours']:,.0f}" in text
+    assert f"without\nmaster weights {tokens_before['ours']:,.0f}" in text
