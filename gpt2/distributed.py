@@ -72,6 +72,13 @@ def setup(device: str = "auto") -> DistContext:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size > 1 and not dist.is_initialized():
+        # Before the group exists: torch.distributed.optim (ZeRO-1) imports torch.distributed.nn.functional, whose
+        # functions take `group=group.WORLD` as a default argument, bound when first imported. Imported after the
+        # group is created, those defaults keep it alive past destroy_process_group, so gloo's worker threads are
+        # never joined; at interpreter exit one can still be releasing the last collective's tensors, which needs
+        # the GIL, and it is killed inside a destructor ("terminate called without an active exception").
+        import torch.distributed.optim  # noqa: F401
+
         if dev.type == "cuda":
             dist.init_process_group(backend="nccl", device_id=dev)
         else:

@@ -67,7 +67,7 @@ def test_zero1_trains_like_ddp_and_resumes_exactly(tmp_path):
 
 
 SHARD_SCRIPT = """
-import json, sys
+import json, os, sys
 import torch
 import torch.distributed as dist
 from gpt2.config import GPTConfig
@@ -86,10 +86,15 @@ def held_state():
     return {"held": held, "params": model.num_parameters()}
 
 
+threads_before = len(os.listdir("/proc/self/task"))
 setup("cpu")
-with open(f"{sys.argv[1]}/rank{dist.get_rank()}.json", "w") as f:
-    json.dump(held_state(), f)
+rank = dist.get_rank()
+state = held_state()
 teardown()  # as gpt2.train ends: the optimizer and model (which hold the group) are gone first
+# the group's gloo threads are joined by teardown: one left running may be killed mid-destructor at exit
+state["threads_left"] = len(os.listdir("/proc/self/task")) - threads_before
+with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
+    json.dump(state, f)
 """
 
 
@@ -105,3 +110,4 @@ def test_zero1_shards_the_adamw_state(tmp_path):
     params = ranks[0]["params"]
     assert sum(r["held"] for r in ranks) == 2 * params  # exp_avg and exp_avg_sq of every parameter once
     assert all(0 < r["held"] < 0.75 * 2 * params for r in ranks)  # neither rank holds (nearly) all
+    assert [r["threads_left"] for r in ranks] == [0, 0], "the process group's threads outlive teardown"
