@@ -115,7 +115,8 @@ def test_two_slurm_tasks_train_like_one_local_launcher_with_both_ranks(cluster, 
     logs = flow_run_logs(server, flow_run_id)
     assert f"[slurm] submitted job {job_id} ({slurm_run / 'slurm' / 'job.sh'})" in logs
     # gpt2.train's console lines, read from the job's output, as the local launcher forwards them
-    assert f"step    20/20 | loss {losses(slurm_run)[-1]:.6f}" in "\n".join(logs)
+    last = [r for r in map(json.loads, (slurm_run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"][-1]
+    assert f"step {last['step']:5d}/20 | loss {last['loss']:.6f}" in "\n".join(logs)
     assert artifact(server, f"train-progress-{slurm_run.name}")["data"] == 100.0
     assert cluster.queue() == []
 

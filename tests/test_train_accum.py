@@ -14,8 +14,10 @@ from tests.fixtures.train.tiny import TINY_MODEL, final_params, read_metrics, ti
 
 
 def test_grad_accum_2x_b2_equals_grad_accum_1x_b4(tmp_path):
-    big = tiny_config(tmp_path / "big", batch_size=4, seq_len=16, total_batch_size=64, max_steps=5)
-    accum = tiny_config(tmp_path / "accum", batch_size=2, seq_len=16, total_batch_size=64, max_steps=5)
+    # file order: llm.c's order permutes samples of B x T tokens, so other B would mean other data
+    big = tiny_config(tmp_path / "big", batch_size=4, seq_len=16, total_batch_size=64, max_steps=5, train_order="file")
+    accum = tiny_config(tmp_path / "accum", batch_size=2, seq_len=16, total_batch_size=64, max_steps=5,
+                        train_order="file")
     train(big)
     train(accum)
     resolved = json.loads((Path(accum.out_dir) / "config.json").read_text())["resolved"]
