@@ -147,8 +147,10 @@ def test_a_killed_flow_run_process_leaves_a_job_that_cancels_itself(cluster, ser
     job_id = running_job(cluster, "slurm-orphaned")
     (flow_process,) = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                        if _parent(pid) == worker.pid]
-    os.kill(worker.pid, signal.SIGKILL)
+    # the flow-run process first: killing the worker first would SIGTERM it (it dies with its worker), and its
+    # own clean-up could cancel the job before the SIGKILL lands, which is not what this test is about
     os.kill(flow_process, signal.SIGKILL)
+    os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     assert_nothing_left(cluster, "slurm-orphaned", timeout_s=90)
     assert cluster.job(job_id)["JobState"] == "CANCELLED"

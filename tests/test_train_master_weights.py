@@ -197,15 +197,17 @@ def test_train_resume_with_master_weights_is_exact(tmp_path):
 
 
 REPLICA_SCRIPT = """
-import copy, json, sys
+import copy, json, os, sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from gpt2.config import GPTConfig
+from gpt2.distributed import setup, teardown
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, full_state_dict
 
-dist.init_process_group("gloo")
+threads_before = len(os.listdir("/proc/self/task"))
+setup("cpu")  # as gpt2.train starts and ends its process group
 rank, zero1 = dist.get_rank(), sys.argv[2] == "zero1"
 
 def build():
@@ -222,25 +224,30 @@ def train(ddp, optimizer, steps):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-model, ddp, optimizer = build()
-train(ddp, optimizer, range(2))
-saved = {k: v.clone() for k, v in model.state_dict().items()}
-saved_optimizer = copy.deepcopy(full_state_dict(optimizer))  # the live state goes on changing
-dist.broadcast_object_list(box := [saved_optimizer], src=0)
-train(ddp, optimizer, range(2, 4))
+def main():  # in a function, as gpt2.train: nothing that holds the process group outlives it
+    model, ddp, optimizer = build()
+    train(ddp, optimizer, range(2))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_optimizer = copy.deepcopy(full_state_dict(optimizer))  # the live state goes on changing
+    dist.broadcast_object_list(box := [saved_optimizer], src=0)
+    train(ddp, optimizer, range(2, 4))
 
-resumed, resumed_ddp, resumed_optimizer = build()
-resumed.load_state_dict(saved)
-resumed_optimizer.load_state_dict(box[0])
-train(resumed_ddp, resumed_optimizer, range(2, 4))
+    resumed, resumed_ddp, resumed_optimizer = build()
+    resumed.load_state_dict(saved)
+    resumed_optimizer.load_state_dict(box[0])
+    train(resumed_ddp, resumed_optimizer, range(2, 4))
 
-inner = optimizer.optim if zero1 else optimizer
-masters = sum(s["master"].numel() for s in inner.state.values())
-torch.save({"params": torch.cat([p.detach().flatten() for p in model.parameters()]),
-            "resumed": torch.cat([p.detach().flatten() for p in resumed.parameters()]),
-            "masters": masters, "numel": sum(p.numel() for p in model.parameters())}, f"{sys.argv[1]}/rank{rank}.pt")
-dist.barrier()
-dist.destroy_process_group()
+    inner = optimizer.optim if zero1 else optimizer
+    masters = sum(s["master"].numel() for s in inner.state.values())
+    torch.save({"params": torch.cat([p.detach().flatten() for p in model.parameters()]),
+                "resumed": torch.cat([p.detach().flatten() for p in resumed.parameters()]),
+                "masters": masters, "numel": sum(p.numel() for p in model.parameters())}, f"{sys.argv[1]}/rank{rank}.pt")
+
+
+main()
+teardown()  # joins the group's gloo threads: one left running may be killed mid-destructor at exit
+with open(f"{sys.argv[1]}/rank{rank}.threads", "w") as f:
+    f.write(str(len(os.listdir("/proc/self/task")) - threads_before))
 """
 
 
@@ -257,6 +264,7 @@ def test_replicas_stay_equal_and_resume_exactly(tmp_path, mode):
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert [(tmp_path / f"rank{r}.threads").read_text() for r in range(2)] == ["0", "0"], "threads outlive teardown"
     assert torch.equal(ranks[0]["params"], ranks[1]["params"])
     assert _is_bf16(ranks[0]["params"])
     for r in ranks:
