@@ -142,7 +142,7 @@ class _Run:
 
 
 def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, use_compile: bool,
-               use_kernels: bool, start: _Start) -> _Run:
+               use_kernels: bool, master_weights: bool, start: _Start) -> _Run:
     """Model, optimizer, guard and loaders: fresh, from `init_from`'s weights, or from a checkpoint."""
     state = start.state
     if state is not None:
@@ -154,7 +154,7 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
     optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
                                     config.eps, fused=ctx.device.type == "cuda",
                                     zero1=config.zero1 and ctx.is_distributed,
-                                    master_weights=_use_master_weights(config, ctx.device), seed=config.seed)
+                                    master_weights=master_weights, seed=config.seed)
     guard = OutlierGuard(config.guard_window, config.skip_loss_z, config.skip_norm_z, config.max_bad_steps)
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
     train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, order=config.train_order,
@@ -233,10 +233,11 @@ def _initial_summary(run_dir: RunDir, config: TrainConfig, start: _Start, start_
 def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: DistContext) -> dict[str, Any]:
     grad_accum = config.grad_accum_steps(ctx.world_size)
     use_compile, use_kernels, use_graphs = _resolve_flags(config, ctx)
+    master_weights = _use_master_weights(config, ctx.device)
     torch.manual_seed(config.seed)
     sdpa_backend = _configure_cuda(config, model_config, ctx, use_kernels)
     start = _starting_point(run_dir, config, model_config, ctx, use_kernels)
-    run = _build_run(config, model_config, ctx, use_compile, use_kernels, start)
+    run = _build_run(config, model_config, ctx, use_compile, use_kernels, master_weights, start)
     graph = step_fns.MicroStepGraph(run.model, grad_accum, ctx.device, config.dtype) if use_graphs else None
 
     num_params = run.raw_model.num_parameters()
@@ -245,7 +246,7 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
     if ctx.is_master:
         resolved = {"world_size": ctx.world_size, "grad_accum_steps": grad_accum, "device": str(ctx.device),
                     "compile": use_compile, "kernels": use_kernels, "cuda_graphs": use_graphs,
-                    "sdpa_backend": sdpa_backend, "master_weights": _use_master_weights(config, ctx.device),
+                    "sdpa_backend": sdpa_backend, "master_weights": master_weights,
                     "num_params": num_params, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None}
         write_json(run_dir.config, {**config.to_dict(), "resolved": resolved})
