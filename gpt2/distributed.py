@@ -77,7 +77,9 @@ def setup(device: str = "auto") -> DistContext:
         # group is created, those defaults keep it alive past destroy_process_group, so gloo's worker threads are
         # never joined; at interpreter exit one can still be releasing the last collective's tensors, which needs
         # the GIL, and it is killed inside a destructor ("terminate called without an active exception").
-        import torch.distributed.optim  # noqa: F401
+        # Bound to a name of its own: a plain `import torch.distributed.optim` would make `torch` local to this
+        # function, unbound at `torch.cuda.set_device` above.
+        import torch.distributed.optim as _zero1_before_the_group  # noqa: F401
 
         if dev.type == "cuda":
             dist.init_process_group(backend="nccl", device_id=dev)

@@ -49,3 +49,19 @@ def test_two_ranks_b2_equal_one_rank_b4(tmp_path):
     params_one, params_two = final_params(one.out_dir), final_params(two.out_dir)
     for name, value in params_one.items():
         torch.testing.assert_close(params_two[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_setup_on_a_gpu_sets_the_rank_device_first(monkeypatch):
+    """setup() on a CUDA rank (faked here: no GPU on this machine) selects the rank's device before anything
+    else. A function-local `import torch.distributed.optim` once made `torch` a local name of setup(), so on
+    every GPU, one process or many, training died at `torch.cuda.set_device` with UnboundLocalError."""
+    import gpt2.distributed as distributed
+
+    selected = []
+    monkeypatch.setattr(distributed, "resolve_device", lambda device, local_rank=0: torch.device("cuda", local_rank))
+    monkeypatch.setattr(torch.cuda, "set_device", selected.append)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    ctx = distributed.setup("cuda")
+    assert ctx.device == torch.device("cuda", 0) and ctx.world_size == 1
+    assert selected == [torch.device("cuda", 0)]
