@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
+from kernels import cross_entropy
 from kernels.attention import BACKENDS
 from kernels.cross_entropy import linear_cross_entropy
 from kernels.layernorm import add_layernorm
@@ -94,9 +95,16 @@ def bench_classifier(cfg: GPTConfig, N: int, ceil: Ceilings, chunk_rows: tuple[i
 
     floor = _floor_ms(6 * N * C * Vp, 0, ceil)
     rows = [KernelTiming("classifier fwd+bwd", "torch.compile", *timed(fwd_bwd(lambda: plain(x, w, targets))), floor)]
-    for n in chunk_rows:
-        loss_fn = lambda n=n: linear_cross_entropy(x, w, targets, V, compute_dtype=torch.bfloat16, chunk_rows=n)
-        rows.append(KernelTiming("classifier fwd+bwd", f"fused, chunk {n}", *timed(fwd_bwd(loss_fn)), floor))
+    try:
+        for scaled_exp in (False, True):  # the Triton softmax pass, then quack's scaled-exp GEMMs where they run
+            path = cross_entropy.configure_classifier(torch.bfloat16, "cuda", scaled_exp, n_embd=C)
+            if scaled_exp and path != "quack-scaled-exp":
+                continue
+            for n in chunk_rows:
+                loss_fn = lambda n=n: linear_cross_entropy(x, w, targets, V, compute_dtype=torch.bfloat16, chunk_rows=n)
+                rows.append(KernelTiming("classifier fwd+bwd", f"fused {path}, chunk {n}", *timed(fwd_bwd(loss_fn)), floor))
+    finally:
+        cross_entropy._scaled_exp_on_cuda = False
     return rows + bench_cross_entropy_rows(cfg, min(N, chunk_rows[0]), ceil)
 
 
@@ -121,6 +129,69 @@ def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[Ker
                                              n_vocab=V, n_cols=Vp, COMPUTE_GRAD=True, BLOCK=block, num_warps=warps)
         rows.append(KernelTiming(f"classifier softmax pass ({n} rows)", f"{block} columns/block, {warps} warps",
                                  *timed(run), floor))
+    return rows
+
+
+# The scaled-exp classifier's GEMM launches tried: (tile_M, tile_N, cluster_M, cluster_N, ping-pong). The
+# logits GEMM's tile_N must divide the padded vocabulary (50304 = 2^7 x 3 x 131: 64, 128, 192)
+LOGITS_GEMM_CANDIDATES = ((128, 192, 2, 1, True), (128, 192, 1, 2, True), (128, 192, 1, 1, True),
+                          (128, 192, 2, 1, False), (256, 192, 2, 1, False), (256, 192, 1, 2, False),
+                          (128, 128, 2, 1, True), (128, 128, 1, 2, True), (256, 128, 2, 1, False),
+                          (256, 128, 1, 2, False), (192, 128, 2, 1, True), (128, 64, 1, 2, True))
+GRAD_GEMM_CANDIDATES = ((128, 192, 2, 1, False), (128, 192, 1, 2, False), (128, 192, 2, 1, True),
+                        (128, 256, 2, 1, False), (128, 256, 1, 2, False), (256, 192, 2, 1, False),
+                        (256, 192, 1, 2, False), (256, 128, 2, 1, False), (256, 128, 1, 2, False),
+                        (128, 128, 2, 1, True))
+
+
+def bench_classifier_gemm_configs(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[KernelTiming]:
+    """The scaled-exp classifier's three GEMMs (kernels/cross_entropy_scaled_exp.py) on one chunk of n rows
+    at each candidate launch, beside cuBLAS's plain logits GEMM: the sweep behind LOGITS_GEMM, DX_GEMM and
+    DW_GEMM."""
+    C, V, Vp = cfg.n_embd, cfg.vocab_size, cfg.padded_vocab_size
+    try:
+        if cross_entropy.configure_classifier(torch.bfloat16, "cuda", n_embd=C) != "quack-scaled-exp":
+            return []
+    finally:
+        cross_entropy._scaled_exp_on_cuda = False
+    from kernels import cross_entropy_scaled_exp as scaled_exp
+
+    g = torch.Generator(device="cuda").manual_seed(6)
+    x = torch.randn(n, C, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = (0.02 * torch.randn(Vp, C, device="cuda", generator=g)).bfloat16()
+    targets = torch.randint(0, V, (n,), device="cuda", generator=g)
+    mask = scaled_exp.padded_column_mask(Vp, V, x.device)
+    E = torch.empty(n, Vp, device="cuda", dtype=torch.bfloat16)
+    target_logit, v = torch.empty(n, device="cuda"), torch.full((n,), 1.0 / n, device="cuda")
+    u = torch.ones(Vp // scaled_exp.GRAD_TILE_K, n, device="cuda", dtype=torch.bfloat16)
+    dx, dw = torch.empty_like(x), torch.empty(Vp, C, device="cuda")
+    floor = _floor_ms(2 * n * C * Vp, 2 * n * Vp, ceil)
+    rows = [KernelTiming("classifier logits GEMM", "cuBLAS x @ W.T (no softmax)", *timed(lambda: x @ w.t()), floor)]
+
+    def launches(candidates):
+        for tile_m, tile_n, cluster_m, cluster_n, pingpong in candidates:
+            name = f"{tile_m}x{tile_n} {'ping-pong' if pingpong else 'cooperative'}, cluster {cluster_m}x{cluster_n}"
+            yield name, tile_n, dict(tile_M=tile_m, cluster_M=cluster_m, cluster_N=cluster_n, pingpong=pingpong)
+
+    def time_launch(op, name, fn):
+        try:
+            rows.append(KernelTiming(op, name, *timed(fn), floor))
+        except Exception as e:  # noqa: BLE001 - some launches do not fit; the sweep goes on
+            print(f"{op}, {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+    for name, tile_n, launch in launches(LOGITS_GEMM_CANDIDATES):
+        if Vp % tile_n:
+            continue
+        tile_k, tile_sum = (torch.empty(n, Vp // tile_n, device="cuda") for _ in range(2))
+        time_launch("classifier logits GEMM + scaled exp", name, lambda tile_n=tile_n, tile_k=tile_k, tile_sum=tile_sum,
+                    launch=launch: scaled_exp.scaled_exp_logits(x, w, targets, mask, tile_n, E, tile_k, tile_sum,
+                                                                target_logit, **launch))
+    for name, tile_n, launch in launches(GRAD_GEMM_CANDIDATES):
+        launch = {**launch, "tile_N": tile_n}
+        time_launch("classifier dx GEMM (u-scaled E)", name,
+                    lambda launch=launch: scaled_exp.scaled_dx(E, u, v, w, dx, **launch))
+        time_launch("classifier dW GEMM (u-scaled E)", name,
+                    lambda launch=launch: scaled_exp.scaled_dw(E, u, x, dw, accumulate=True, **launch))
     return rows
 
 
@@ -319,7 +390,8 @@ def bench_adamw(cfg: GPTConfig, ceil: Ceilings) -> list[KernelTiming]:
 def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...]) -> tuple[Ceilings, list[KernelTiming]]:
     ceil = measure_ceilings()
     rows = []
-    for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows), lambda: bench_add_layernorm(cfg, B * T, ceil),
+    for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows),
+                  lambda: bench_classifier_gemm_configs(cfg, chunk_rows[0], ceil), lambda: bench_add_layernorm(cfg, B * T, ceil),
                   lambda: bench_attention(cfg, B, T, ceil), lambda: bench_mlp(cfg, B * T, ceil),
                   lambda: bench_mlp_gemm_configs(cfg, B * T, ceil), lambda: bench_adamw(cfg, ceil)):
         try:

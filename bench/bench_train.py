@@ -9,7 +9,9 @@ MFU, peak GPU memory and step time:
                         checked and pinned by kernels.configure_kernels (cuDNN first), torch.compile for the rest
   kernels-compile-ln    the same, but residual add + LayerNorm written in plain ops for Inductor to fuse
                         (is our kernel worth keeping inside the whole step?)
-  kernels-dw-add        the same, but the classifier's dW accumulated by a separate add, as before
+  kernels-triton-softmax  the same, but the classifier's Triton softmax pass where quack's scaled-exp
+                        GEMMs would run (kernels/cross_entropy_scaled_exp.py: is it worth it?)
+  kernels-dw-add        kernels-triton-softmax with its dW accumulated by a separate add, as before
                         kernels.cross_entropy.accumulate_dw (is the matmul-epilogue accumulation worth it?)
   kernels-max-autotune  the kernels path compiled with mode="max-autotune-no-cudagraphs" (Triton GEMM
                         templates with the pointwise work, GELU included, fused into their epilogues)
@@ -65,7 +67,8 @@ class Variant:
     fa4_backward: bool = True  # False: SDPA's own backward even where flash-attn-4 is installed
     gelu_epilogue: bool = True  # False: the MLP's GELU left to Inductor even where quack-kernels is installed
     fused_layernorm: bool = True  # False: the kernels path with add+LayerNorm left to Inductor
-    dw_in_epilogue: bool = True  # False: the classifier's dW accumulated by a separate add
+    scaled_exp: bool = True  # False: the classifier's Triton softmax pass even where quack's SM90 GEMMs run
+    dw_in_epilogue: bool = True  # False: the Triton classifier's dW accumulated by a separate add
     compile_mode: str | None = None  # torch.compile's mode
     cuda_graphs: bool = True  # False: micro-steps launched kernel by kernel (gpt2.train --no-cuda-graphs)
     chunk_rows: int | None = None  # classifier rows per chunk; None: kernels.cross_entropy's default
@@ -77,7 +80,8 @@ VARIANTS = {
     "kernels-sdpa-bwd": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fa4_backward=False),
     "kernels-inductor-gelu": Variant(use_kernels=True, sdpa=KERNELS_SDPA, gelu_epilogue=False),
     "kernels-compile-ln": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fused_layernorm=False),
-    "kernels-dw-add": Variant(use_kernels=True, sdpa=KERNELS_SDPA, dw_in_epilogue=False),
+    "kernels-triton-softmax": Variant(use_kernels=True, sdpa=KERNELS_SDPA, scaled_exp=False),
+    "kernels-dw-add": Variant(use_kernels=True, sdpa=KERNELS_SDPA, scaled_exp=False, dw_in_epilogue=False),
     "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
     "kernels-no-graphs": Variant(use_kernels=True, sdpa=KERNELS_SDPA, cuda_graphs=False),
     "kernels-chunk-32768": Variant(use_kernels=True, sdpa=KERNELS_SDPA, chunk_rows=32768),
@@ -168,7 +172,8 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
         enable_all_sdpa_backends()  # undo an earlier variant's pinning
     else:
         sdpa = configure_kernels(config.n_head, config.head_size, preference=spec.sdpa,
-                                 fa4_backward=spec.fa4_backward, gelu_epilogue=spec.gelu_epilogue)
+                                 fa4_backward=spec.fa4_backward, gelu_epilogue=spec.gelu_epilogue,
+                                 scaled_exp_classifier=spec.scaled_exp)
     raw = GPT.create(config, seed=42, device="cuda", use_kernels=spec.use_kernels)
     optimizer = configure_optimizer(raw, 6e-4, 0.1, fused=True)
     model = torch.compile(raw, mode=spec.compile_mode)

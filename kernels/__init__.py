@@ -5,38 +5,43 @@ formula, so torch.compile keeps it as one opaque node and compiles everything ar
 its Triton kernel on CUDA (or on CPU under TRITON_INTERPRET=1) and its PyTorch reference elsewhere,
 so this package imports and works without Triton or a GPU.
 
-- `linear_cross_entropy`: lm_head matmul + softmax cross-entropy + gradients over row chunks.
+- `linear_cross_entropy`: lm_head matmul + softmax cross-entropy + gradients over row chunks; with
+  quack-kernels on a Hopper GPU, the softmax inside the logits GEMM's epilogue.
 - `add_layernorm`: residual add + LayerNorm, forward and backward.
 - `causal_attention`: attention on the packed q/k/v projection; with flash-attn-4 installed, cuDNN's
   forward and FlashAttention-4's backward writing one packed gradient.
 - `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
 - `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
-  and turn on the optional FA4 backward and GELU-epilogue MLP where they are installed and agree with
-  their references (`configure_attention`, `configure_mlp`, `configure_sdpa`: the parts alone).
+  and turn on the optional FA4 backward, GELU-epilogue MLP and scaled-exp classifier where they are
+  installed and agree with their references (`configure_attention`, `configure_mlp`,
+  `configure_classifier`, `configure_sdpa`: the parts alone).
 """
 
 import torch
 
 from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
-from kernels.cross_entropy import linear_cross_entropy, linear_cross_entropy_reference
+from kernels.cross_entropy import configure_classifier, linear_cross_entropy, linear_cross_entropy_reference
 from kernels.layernorm import add_layernorm, add_layernorm_reference
 from kernels.mlp import configure_mlp, fused_mlp
 
 
 def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bfloat16,
                       device: torch.device | str = "cuda", preference: tuple[str, ...] = DEFAULT_PREFERENCE,
-                      fa4_backward: bool = True, gelu_epilogue: bool = True) -> str:
-    """Configure the fused path's attention and MLP for this model shape; returns what runs, e.g.
-    "cudnn+fa4-bwd, quack-gelu-epilogue"."""
+                      fa4_backward: bool = True, gelu_epilogue: bool = True, scaled_exp_classifier: bool = True) -> str:
+    """Configure the fused path's attention, MLP and classifier for this model shape; returns what runs,
+    e.g. "cudnn+fa4-bwd, quack-gelu-epilogue, quack-scaled-exp"."""
+    n_embd = n_head * head_size
     attention = configure_attention(n_head, head_size, dtype=dtype, device=device, preference=preference,
                                     fa4_backward=fa4_backward)
-    return f"{attention}, {configure_mlp(dtype, device, gelu_epilogue, n_embd=n_head * head_size)}"
+    mlp = configure_mlp(dtype, device, gelu_epilogue, n_embd=n_embd)
+    return f"{attention}, {mlp}, {configure_classifier(dtype, device, scaled_exp_classifier, n_embd=n_embd)}"
 
 
 __all__ = [
     "add_layernorm",
     "add_layernorm_reference",
     "causal_attention",
+    "configure_classifier",
     "configure_attention",
     "configure_kernels",
     "configure_mlp",

@@ -12,6 +12,10 @@ fused_classifier does the same) and backward only scales them by the incoming gr
 memory is one chunk of logits plus an fp32 dW. Padded vocabulary columns (vocab_size..Vp) take no part
 in the softmax and get zero gradient, so the padding rows of W stay zero.
 
+On a Hopper GPU with quack-kernels installed (the `gpu` extra), `configure_classifier` switches the
+training chunks to kernels/cross_entropy_scaled_exp.py: the softmax moves into the logits GEMM's
+epilogue, and the Triton pass that reads each logit twice goes.
+
 `linear_cross_entropy` is the entry point; `linear_cross_entropy_reference` is the plain formula.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels._quack import quack_capability
 from kernels._triton import jit, next_power_of_2, tl, use_triton
 
 # (16384, 50304) bf16 logits = 1.6 GB. Against 8192 rows: d12's classifier forward + backward 29.3 against
@@ -30,6 +35,47 @@ DEFAULT_CHUNK_ROWS = 16384
 # rows kernel launch: columns per block, warps. 2048 x 4 measured 0.71 ms per 8192-row chunk on an H200
 # against 0.75 for 4096 x 8, and 0.90 against 0.89 on an H100 (bench_kernels sweeps the others)
 ROWS_BLOCK, ROWS_WARPS = 2048, 4
+
+# Whether training chunks run quack's scaled-exp GEMMs on CUDA; set by configure_classifier before a
+# model is compiled
+_scaled_exp_on_cuda = False
+
+
+def _scaled_exp():
+    """kernels.cross_entropy_scaled_exp, imported only where quack is (configure_classifier checked)."""
+    from kernels import cross_entropy_scaled_exp
+
+    return cross_entropy_scaled_exp
+
+
+def configure_classifier(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+                         scaled_exp: bool = True, n_embd: int = 768) -> str:
+    """Enable the scaled-exp classifier on CUDA where quack's SM90 kernels run and match the plain
+    formula (a 256-row check over two chunks, padded vocabulary and ignored rows included); returns
+    what runs."""
+    global _scaled_exp_on_cuda
+    _scaled_exp_on_cuda = False
+    if not (scaled_exp and dtype == torch.bfloat16 and quack_capability() == (9, 0)):
+        return "triton-softmax"
+    V, Vp, N = 1000, 1152, 256
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(N, n_embd, device=device, generator=g).to(dtype)
+    w = torch.randn(Vp, n_embd, device=device, generator=g) / n_embd**0.5
+    w[V:] = 0
+    targets = torch.randint(0, V, (N,), device=device, generator=g)
+    targets[::17] = -1
+    _scaled_exp_on_cuda = True
+    loss, dx, dw = _linear_cross_entropy_op(x, w, targets, V, -1, dtype, N // 2, True)
+    x_ref, w_ref = x.float().requires_grad_(), w.clone().requires_grad_()
+    ref = linear_cross_entropy_reference(x_ref, w_ref, targets, V, ignore_index=-1)
+    ref.backward()
+    err = max(float((a.float() - b).norm() / b.norm()) for a, b in ((loss, ref.detach()), (dx, x_ref.grad), (dw, w_ref.grad)))
+    if err > 5e-2 or bool(dw[V:].any()):  # bf16 lands near 3e-3
+        _scaled_exp_on_cuda = False
+        raise RuntimeError(f"quack's scaled-exp classifier disagrees with the reference at width {n_embd}: "
+                           f"relative error {err:.2e}, padded rows' gradient {float(dw[V:].abs().max()):.2e}; "
+                           "`pip uninstall flash-attn-4 quack-kernels` (the gpu extra) to train without it")
+    return "quack-scaled-exp"
 
 
 @jit
@@ -145,6 +191,20 @@ def accumulate_dw(dw: torch.Tensor, dlogits: torch.Tensor, xc: torch.Tensor) -> 
     return dw.addmm_(dlogits.t().float(), xc.float())
 
 
+def _triton_chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx, dw):
+    """The chunk loop of the module docstring -> (sum of the rows' losses, dw); dx filled in place."""
+    loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+    for start in range(0, x.size(0), chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        xc = x[rows].to(w.dtype)  # (n, C)
+        logits = xc @ w.t()  # (n, Vp): the only logits ever held
+        loss_sum += cross_entropy_rows_(logits, targets[rows], vocab_size, ignore_index, grad_scale).sum()
+        if grad_scale is not None:  # logits now hold dloss/dlogits
+            dx[rows] = logits @ w  # (n, C)
+            dw = accumulate_dw(dw, logits, xc)
+    return loss_sum, dw
+
+
 @torch.library.custom_op("gpt2_kernels::linear_cross_entropy", mutates_args=())
 def _linear_cross_entropy_op(
     x: torch.Tensor,  # (N, C)
@@ -157,7 +217,6 @@ def _linear_cross_entropy_op(
     compute_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (mean loss (fp32 scalar), dloss/dx (N, C), dloss/dweight (Vp, C)); grads empty without compute_grad."""
-    n_rows = x.size(0)
     x, targets = x.contiguous(), targets.contiguous()
     # mean over non-ignored rows (all rows ignored gives nan, as F.cross_entropy does); kept on the
     # device so that no host sync stalls the pipeline
@@ -165,17 +224,14 @@ def _linear_cross_entropy_op(
     grad_scale = (1.0 / n_valid).reshape(1) if compute_grad else None
     w = weight.to(compute_dtype)  # one cast of W per call, as autocast would do
     dx = torch.empty_like(x) if compute_grad else x.new_empty(0)
-    dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if compute_grad else None
-    loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
     with torch.autocast(x.device.type, enabled=False):  # compute_dtype decides, not an outer autocast
-        for start in range(0, n_rows, chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            xc = x[rows].to(compute_dtype)  # (n, C)
-            logits = xc @ w.t()  # (n, Vp): the only logits ever held
-            loss_sum += cross_entropy_rows_(logits, targets[rows], vocab_size, ignore_index, grad_scale).sum()
-            if compute_grad:  # logits now hold dloss/dlogits
-                dx[rows] = logits @ w  # (n, C)
-                dw = accumulate_dw(dw, logits, xc)
+        if compute_grad and _scaled_exp_on_cuda and _scaled_exp().supported(x, w, chunk_rows):
+            dw = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)  # the first chunk stores
+            loss_sum = _scaled_exp().linear_cross_entropy_chunks(
+                x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx, dw)
+        else:
+            dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if compute_grad else None
+            loss_sum, dw = _triton_chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx, dw)
     loss = loss_sum / n_valid
     if not compute_grad:
         return loss, dx, x.new_empty(0)

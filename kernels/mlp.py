@@ -22,11 +22,12 @@ wiring is tested without a GPU.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from kernels._quack import quack_capability
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -43,19 +44,12 @@ class QuackGemms(NamedTuple):
 @functools.cache
 def _load_quack() -> QuackGemms | None:
     """quack's GEMMs with their pinned configs, or None where quack is not installed or the GPU
-    predates Hopper (asked only once quack imports: a machine without it may have no GPU at all)."""
-    try:
-        from quack.gemm_interface import gemm_act
-    except ImportError:
+    predates Hopper."""
+    if quack_capability() is None:
         return None
-    if torch.cuda.get_device_capability()[0] < 9:
-        return None
-    # quack 0.6.5 keys its compile cache on everything an epilogue's code refers to and refuses what it
-    # cannot fingerprint; with nvidia-cutlass-dsl 4.7 that includes cutlass's logger, which changes no math.
-    # Its epilogue library fingerprints on import, hence the key first.
-    logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
     from quack.epilogue.library import dgelu_dbias_mod
     from quack.gemm_config import GemmConfig
+    from quack.gemm_interface import gemm_act
 
     # quack's autotuner takes minutes at these shapes. bench_kernels.py's sweep (bench_mlp_gemm_configs) at
     # d12's shape on an H100 (2026-11-23): for the backward GEMM 128 x 128 ping-pong, cluster 1 x 2 was the

@@ -9,6 +9,7 @@ and the matmuls accumulate bf16 products).
 import pytest
 import torch
 
+import kernels.cross_entropy as ce
 from kernels.cross_entropy import (
     cross_entropy_rows_,
     linear_cross_entropy,
@@ -137,3 +138,49 @@ def test_dw_accumulates_each_chunk_product_unrounded(rows, Vp, C):
     out = accumulate_dw(dw.clone(), dlogits, xc)
     assert out.dtype == torch.float32 and out.shape == (Vp, C)
     assert rel_err(out, expected) < 2e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N, C, V, Vp, chunk_rows", [
+    (640, 768, 50257, 50304, 256),  # GPT-2's padded vocabulary; chunks of 256, 256 and 128 rows
+    (256, 768, 1000, 1152, 128),  # 152 padded columns: the last 128-column tile is padding only
+])
+def test_scaled_exp_classifier_on_gpu(N, C, V, Vp, chunk_rows):
+    """quack's scaled-exp chunks (where installed, on SM90) against float64 autograd: the padded columns
+    out of the softmax with exactly zero dW rows, ignored rows, a last chunk shorter than the others; and
+    against the Triton path on the same inputs."""
+    name = ce.configure_classifier(torch.bfloat16, "cuda", n_embd=C)
+    try:
+        if name != "quack-scaled-exp":
+            pytest.skip(f"quack-kernels not installed or not an SM90 GPU here ({name})")
+        x, w, targets = make_inputs(N, C, V, Vp, torch.bfloat16, seed=9, n_ignored=7)
+        w = (w.float() * 0.2).bfloat16()  # logits of a few units, as in training
+        grads = {}
+        for path in ("scaled-exp", "triton"):
+            ce._scaled_exp_on_cuda = path == "scaled-exp"
+            xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+            loss = linear_cross_entropy(xg, wg, targets, V, chunk_rows=chunk_rows)
+            loss.backward()
+            grads[path] = loss.detach(), xg.grad, wg.grad
+        ref_loss, ref_dx, ref_dw = reference(x, w, targets, V)
+        loss, dx, dw = grads["scaled-exp"]
+        assert abs(loss.item() - ref_loss.item()) <= 1e-3 * ref_loss.item()
+        assert rel_err(dx, ref_dx) < 2e-2 and rel_err(dw, ref_dw) < 2e-2
+        assert torch.all(dw[V:] == 0), "padded vocabulary rows must get exactly zero gradient"
+        triton_loss, triton_dx, triton_dw = grads["triton"]
+        assert abs(loss.item() - triton_loss.item()) <= 1e-3 * ref_loss.item()
+        assert rel_err(dx, triton_dx) < 2e-2 and rel_err(dw, triton_dw) < 2e-2
+    finally:
+        ce._scaled_exp_on_cuda = False
+
+
+def test_without_quack_the_classifier_keeps_its_triton_pass():
+    """Where quack-kernels is not installed (this CPU machine), configuring asks nothing of a GPU and
+    keeps the Triton softmax pass."""
+    try:
+        import quack  # noqa: F401
+        pytest.skip("quack-kernels is installed here")
+    except ImportError:
+        pass
+    assert ce.configure_classifier(torch.bfloat16, "cpu") == "triton-softmax"
+    assert not ce._scaled_exp_on_cuda
