@@ -123,11 +123,14 @@ def _add_layernorm_bwd_kernel(
         tl.store(partial_ptr + (2 * n_programs + pid) * C + cols, tl.sum(dyb, axis=0), mask=col_mask)
 
 
-# Backward launch shapes tried on the first call per (C, flags); the first is one row per
-# iteration (the plain scheme). At d12's training shapes on an H200, 2 rows x 4 warps won: 0.22 ms
-# against 0.28, 0.31 and 0.46 (docs/benchmarks.md). Triton's interpreter cannot benchmark: there the
-# last (widest) runs, which exercises the row masking.
+# Backward launch shapes tried on the first call per (C, flags). At d12's training shapes on an H200,
+# 2 rows x 4 warps won: 0.22 ms against 0.28, 0.31 and 0.46 (docs/benchmarks.md); on an H100 (2026-11-24)
+# one warp per program won: 181 us for 1 row x 1 warp, 189 for 2 x 1, against 206 for 2 x 4 (a row within
+# one warp needs no shared-memory round trip for its two sums). Triton's interpreter cannot benchmark:
+# there the last (widest) runs, which exercises the row masking.
 _BWD_CONFIGS = [
+    dict(BLOCK_R=1, num_warps=1),
+    dict(BLOCK_R=2, num_warps=1),
     dict(BLOCK_R=1, num_warps=4),
     dict(BLOCK_R=2, num_warps=4),
     dict(BLOCK_R=2, num_warps=8),
