@@ -6,6 +6,8 @@ most a few hundred terms); bf16 inputs 2e-2 (logits and dlogits are rounded to b
 and the matmuls accumulate bf16 products).
 """
 
+import types
+
 import pytest
 import torch
 
@@ -184,3 +186,33 @@ def test_without_quack_the_classifier_keeps_its_triton_pass():
         pass
     assert ce.configure_classifier(torch.bfloat16, "cpu") == "triton-softmax"
     assert not ce._scaled_exp_on_cuda
+
+
+@pytest.mark.parametrize("fault", [None, "dx off by half", "padded rows with gradient"])
+def test_startup_check_keeps_a_disagreeing_scaled_exp_kernel_out(monkeypatch, fault):
+    """configure_classifier's check is what keeps a wrong scaled-exp kernel out of training. This machine
+    has no quack, so a stand-in takes its place: the Triton path's answer, broken on purpose. Broken, the
+    check raises and the Triton pass stays on; unbroken, the path is turned on."""
+    def chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx, dw):
+        loss_sum, right_dw = ce._triton_chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx,
+                                               torch.zeros_like(dw))
+        dw.copy_(right_dw)
+        if fault == "dx off by half":
+            dx.mul_(1.5)
+        elif fault == "padded rows with gradient":
+            dw[vocab_size:] = 1e-9  # far under the relative-error tolerance: only the exact-zero rule sees it
+        return loss_sum
+
+    monkeypatch.setattr(ce, "quack_capability", lambda: (9, 0))
+    monkeypatch.setattr(ce, "_scaled_exp", lambda: types.SimpleNamespace(
+        supported=lambda *_: True, linear_cross_entropy_chunks=chunks))
+    try:
+        if fault is None:
+            assert ce.configure_classifier(torch.bfloat16, "cpu", n_embd=16) == "quack-scaled-exp"
+            assert ce._scaled_exp_on_cuda
+        else:
+            with pytest.raises(RuntimeError, match="disagrees with the reference"):
+                ce.configure_classifier(torch.bfloat16, "cpu", n_embd=16)
+            assert not ce._scaled_exp_on_cuda
+    finally:
+        ce._scaled_exp_on_cuda = False
