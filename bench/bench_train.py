@@ -18,9 +18,12 @@ MFU, peak GPU memory and step time:
   kernels-chunk-32768   the kernels path with 32,768-row classifier chunks (fewer, larger matmuls; +1.6 GB)
   kernels-no-graphs     the kernels path with each micro-step launched kernel by kernel instead of replayed
                         as a CUDA graph (gpt2/step.py's MicroStepGraph)
+  kernels-fp8           the kernels path with the blocks' matmuls in FP8 (bench/fp8.py: torchao's float8
+                        training, tensorwise scales); needs torchao
   plain                 GPT(use_kernels=False) the way build-nanogpt trains: whole model compiled, PyTorch's
                         default SDPA dispatch, fused AdamW, TF32 'high': the in-run plain-PyTorch peer
                         (bench/peer_nanogpt.py runs build-nanogpt itself)
+  plain-fp8             plain with the blocks' matmuls in FP8, torchao's own recipe (module swap + compile)
 
 Each variant also profiles one step, CUDA time grouped by kernel kind (where the time goes). Then,
 unless switched off: per-kernel timings at the training shapes (bench/bench_kernels.py) and the
@@ -52,6 +55,7 @@ import gpt2.model
 import kernels.cross_entropy
 from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
+from bench.fp8 import convert_blocks_to_fp8
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.metrics import flops_per_token, peak_flops
@@ -72,6 +76,7 @@ class Variant:
     compile_mode: str | None = None  # torch.compile's mode
     cuda_graphs: bool = True  # False: micro-steps launched kernel by kernel (gpt2.train --no-cuda-graphs)
     chunk_rows: int | None = None  # classifier rows per chunk; None: kernels.cross_entropy's default
+    fp8: bool = False  # the blocks' matmuls in FP8 (bench/fp8.py)
 
 
 KERNELS_SDPA = ("cudnn", "flash")
@@ -85,7 +90,9 @@ VARIANTS = {
     "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
     "kernels-no-graphs": Variant(use_kernels=True, sdpa=KERNELS_SDPA, cuda_graphs=False),
     "kernels-chunk-32768": Variant(use_kernels=True, sdpa=KERNELS_SDPA, chunk_rows=32768),
+    "kernels-fp8": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fp8=True),
     "plain": Variant(use_kernels=False, sdpa=None),
+    "plain-fp8": Variant(use_kernels=False, sdpa=None, fp8=True),
 }
 
 
@@ -175,6 +182,8 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
                                  fa4_backward=spec.fa4_backward, gelu_epilogue=spec.gelu_epilogue,
                                  scaled_exp_classifier=spec.scaled_exp)
     raw = GPT.create(config, seed=42, device="cuda", use_kernels=spec.use_kernels)
+    if spec.fp8:
+        convert_blocks_to_fp8(raw)
     optimizer = configure_optimizer(raw, 6e-4, 0.1, fused=True)
     model = torch.compile(raw, mode=spec.compile_mode)
     g = torch.Generator(device="cuda").manual_seed(1337)

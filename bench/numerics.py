@@ -11,6 +11,9 @@ SDPA math backend), and
     error      = max over steps |loss_kernels_bf16 - loss_fp32|
     PASS if error <= max(TOL_ABS, 2 x bf16 noise)
 
+`--check kernels-fp8` puts the same question to the kernels path with its block matmuls in FP8
+(bench/fp8.py, torchao's float8 training): is it any further from exact arithmetic than bf16 is?
+
 TOL_ABS = 0.02 is about one bf16 rounding unit of the loss itself (2^-9 x ~10), the resolution at
 which a bf16 model's loss is defined at all. The factor 2 leaves room for the kernels path's own,
 different but equally valid, rounding order. First-step gradients are compared per parameter too
@@ -35,6 +38,7 @@ import torch
 
 from gpt2.config import GPTConfig
 from gpt2 import step as step_fns
+from bench.fp8 import convert_blocks_to_fp8
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
 from kernels import configure_kernels
@@ -47,13 +51,16 @@ class Path:
     use_kernels: bool
     bf16: bool  # bf16 autocast; False: fp32 with TF32 off
     sdpa: tuple[str, ...]  # SDPA backend preference (kernels.configure_kernels)
+    fp8: bool = False  # the blocks' matmuls in FP8 (bench/fp8.py)
 
 
 PATHS = {
     "fp32": Path(use_kernels=False, bf16=False, sdpa=("math",)),  # the reference: exact fp32 attention too
-    "plain": Path(use_kernels=False, bf16=True, sdpa=("flash",)),
+    "plain": Path(use_kernels=False, bf16=True, sdpa=("flash",)),  # the yardstick: plain bf16 training
     "kernels": Path(use_kernels=True, bf16=True, sdpa=("cudnn", "flash")),
+    "kernels-fp8": Path(use_kernels=True, bf16=True, sdpa=("cudnn", "flash"), fp8=True),
 }
+CHECKABLE = [name for name in PATHS if name not in ("fp32", "plain")]
 
 
 def synthetic_batches(vocab_size: int, steps: int, B: int, T: int, seed: int = 0) -> torch.Tensor:
@@ -85,6 +92,8 @@ def train_path(descriptor: str, path: Path, batches: torch.Tensor) -> tuple[list
     configure_kernels(config.n_head, config.head_size, dtype=torch.bfloat16 if path.bf16 else torch.float32,
                       preference=path.sdpa)
     model = GPT.create(config, seed=42, device="cuda", use_kernels=path.use_kernels)
+    if path.fp8:
+        convert_blocks_to_fp8(model)
     optimizer = configure_optimizer(model, 6e-4, 0.1, fused=True)
     steps = batches.size(0)
     device = torch.device("cuda")
@@ -107,33 +116,37 @@ def grad_errors(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tenso
             for name, g in grads.items()}
 
 
-def compare_paths(descriptor: str = "d12", B: int = 8, T: int = 1024, steps: int = 50) -> dict:
+def compare_paths(descriptor: str = "d12", B: int = 8, T: int = 1024, steps: int = 50,
+                  checked: tuple[str, ...] = ("kernels",)) -> dict:
+    """Trains fp32, plain and each `checked` path on the same batches; each checked path passes when its
+    loss stays within max(TOL_ABS, 2 x bf16 noise) of fp32's at every step."""
     batches = synthetic_batches(GPTConfig.from_descriptor(descriptor).vocab_size, steps, B, T)
     losses, grads = {}, {}
-    for name, path in PATHS.items():
-        losses[name], grads[name] = train_path(descriptor, path, batches)
+    for name in ("fp32", "plain", *checked):
+        losses[name], grads[name] = train_path(descriptor, PATHS[name], batches)
         torch.cuda.empty_cache()
 
     def max_diff(a: str, b: str) -> float:
         return max(abs(x - y) for x, y in zip(losses[a], losses[b]))
 
     noise = max_diff("plain", "fp32")
-    error = max_diff("kernels", "fp32")
     tolerance = max(TOL_ABS, 2 * noise)
-    errors = {name: grad_errors(grads[name], grads["fp32"]) for name in ("plain", "kernels")}
-    worst = sorted(errors["kernels"], key=lambda n: -errors["kernels"][n])[:5]
-    grad_lines = [f"  {n}: kernels {errors['kernels'][n]:.2e}, plain {errors['plain'][n]:.2e}" for n in worst]
-    summary = "\n".join([
-        f"{descriptor} B={B} T={T}, {steps} steps: loss {losses['fp32'][0]:.4f} -> {losses['fp32'][-1]:.4f} (fp32); "
-        f"max |kernels - fp32| = {error:.4f}; bf16 noise max |plain - fp32| = {noise:.4f}; "
-        f"tolerance max({TOL_ABS}, 2 x noise) = {tolerance:.4f}: {'PASS' if error <= tolerance else 'FAIL'} "
-        f"(max |kernels - plain| = {max_diff('kernels', 'plain'):.4f})",
-        f"first-step gradients, relative L2 error vs fp32, max over parameters: kernels "
-        f"{max(errors['kernels'].values()):.2e}, plain {max(errors['plain'].values()):.2e}; worst for kernels:",
-        *grad_lines,
-    ])
-    return {"losses": losses, "grad_errors": errors, "max_error": error, "noise": noise, "tolerance": tolerance,
-            "passed": error <= tolerance, "summary": summary}
+    errors = {name: max_diff(name, "fp32") for name in checked}
+    grad_errs = {name: grad_errors(grads[name], grads["fp32"]) for name in ("plain", *checked)}
+    lines = [f"{descriptor} B={B} T={T}, {steps} steps: loss {losses['fp32'][0]:.4f} -> {losses['fp32'][-1]:.4f} "
+             f"(fp32); bf16 noise max |plain - fp32| = {noise:.4f}; tolerance max({TOL_ABS}, 2 x noise) = "
+             f"{tolerance:.4f}"]
+    for name in checked:
+        worst = sorted(grad_errs[name], key=lambda n: -grad_errs[name][n])[:5]
+        lines += [f"max |{name} - fp32| = {errors[name]:.4f}: {'PASS' if errors[name] <= tolerance else 'FAIL'} "
+                  f"(max |{name} - plain| = {max_diff(name, 'plain'):.4f})",
+                  f"first-step gradients, relative L2 error vs fp32, max over parameters: {name} "
+                  f"{max(grad_errs[name].values()):.2e}, plain {max(grad_errs['plain'].values()):.2e}; "
+                  f"worst for {name}:",
+                  *(f"  {n}: {name} {grad_errs[name][n]:.2e}, plain {grad_errs['plain'][n]:.2e}" for n in worst)]
+    return {"losses": losses, "grad_errors": grad_errs, "max_error": errors, "noise": noise,
+            "tolerance": tolerance, "passed": all(e <= tolerance for e in errors.values()),
+            "summary": "\n".join(lines)}
 
 
 def main() -> None:
@@ -142,11 +155,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="B (default 8)")
     parser.add_argument("--seq-len", type=int, default=1024, help="T (default 1024)")
     parser.add_argument("--steps", type=int, default=50, help="training steps per path (default 50)")
+    parser.add_argument("--check", nargs="+", default=["kernels"], choices=CHECKABLE,
+                        help="the paths held to the criterion (default: kernels)")
     parser.add_argument("--json", help="also write losses, gradient errors and verdict to this JSON file")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    result = compare_paths(args.model, args.batch_size, args.seq_len, args.steps)
+    result = compare_paths(args.model, args.batch_size, args.seq_len, args.steps, tuple(args.check))
     print(result["summary"])
     if args.json:
         with open(args.json, "w") as f:

@@ -32,6 +32,20 @@ def sdpa_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
 
 
+def swapped(linear: nn.Linear) -> bool:
+    """True when a converter has replaced this nn.Linear by a subclass with its own matmul (bench/fp8.py:
+    torchao's float8 training); the fused path then calls it as a module so the swap reaches it."""
+    return type(linear) is not nn.Linear
+
+
+def project(linear: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """linear(x) for the fused path, as (output, bias still to add): a plain nn.Linear leaves its bias to
+    add_layernorm, which adds it in the pass it makes anyway; a swapped one runs whole, bias included."""
+    if swapped(linear):
+        return linear(x), None
+    return F.linear(x, linear.weight), linear.bias
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -42,12 +56,12 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(sdpa_attention(self.c_attn(x), self.n_head))
 
-    def fused_branch(self, x: torch.Tensor, packed_attention: bool) -> torch.Tensor:
-        """The fused path's branch, without c_proj's bias (add_layernorm adds it): with packed_attention,
-        kernels.causal_attention (cuDNN forward, FA4 backward into one packed gradient); else SDPA."""
+    def fused_branch(self, x: torch.Tensor, packed_attention: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused path's branch as `project` returns it: with packed_attention, kernels.causal_attention
+        (cuDNN forward, FA4 backward into one packed gradient); else SDPA."""
         qkv = self.c_attn(x)  # (B, T, 3C)
         y = causal_attention(qkv, self.n_head) if packed_attention else sdpa_attention(qkv, self.n_head)
-        return F.linear(y, self.c_proj.weight)  # (B, T, C)
+        return project(self.c_proj, y)  # (B, T, C)
 
 
 class MLP(nn.Module):
@@ -59,12 +73,15 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self._hidden(x))
 
-    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None) -> torch.Tensor:
-        """The fused path's branch, without c_proj's bias (add_layernorm adds it): with a dtype,
-        kernels.fused_mlp (the GELU inside quack's matmuls) computing in it; else the plain ops, compiled."""
-        if gelu_epilogue_dtype is not None:
-            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None, gelu_epilogue_dtype)
-        return F.linear(self._hidden(x), self.c_proj.weight)
+    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fused path's branch as `project` returns it: with a dtype, kernels.fused_mlp (the GELU
+        inside quack's matmuls) computing in it; else the plain ops, compiled. Swapped linears (FP8) keep
+        their own matmuls, so quack's are not used then."""
+        if gelu_epilogue_dtype is not None and not swapped(self.c_fc):
+            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None,
+                             gelu_epilogue_dtype), self.c_proj.bias
+        return project(self.c_proj, self._hidden(x))
 
     def _hidden(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C): GPT-2's tanh GELU
@@ -174,7 +191,7 @@ class GPT(nn.Module):
         Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
         activation dtype (bf16 under autocast; custom ops do not see autocast, so it is passed
         explicitly), and each branch's c_proj bias is added inside add_layernorm, whose backward
-        then gives its gradient. x (B, T, C) is the embedding sum; returns ln_f's output.
+        then gives its gradient (`project`). x (B, T, C) is the embedding sum; returns ln_f's output.
         """
         device = x.device.type
         act_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
@@ -186,11 +203,11 @@ class GPT(nn.Module):
         gelu_epilogue_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
         for block, ln in zip(blocks, next_ln):
-            attn, mlp, ln_2 = block.attn, block.mlp, block.ln_2
-            residual, h = add_layernorm(residual, attn.fused_branch(h, packed_attention), ln_2.weight,
-                                        ln_2.bias, ln_2.eps, act_dtype, y_bias=attn.c_proj.bias)
-            residual, h = add_layernorm(residual, mlp.fused_branch(h, gelu_epilogue_dtype), ln.weight, ln.bias,
-                                        ln.eps, act_dtype, y_bias=mlp.c_proj.bias)
+            y, y_bias = block.attn.fused_branch(h, packed_attention)
+            residual, h = add_layernorm(residual, y, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps,
+                                        act_dtype, y_bias=y_bias)
+            y, y_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype)
+            residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, y_bias=y_bias)
         return h
 
     def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:

@@ -47,15 +47,18 @@ def test_kernel_path_matches_plain_path():
 
 
 def test_fused_branch_is_forward_less_the_bias():
-    """The fused path takes each branch without its c_proj bias (add_layernorm adds it), through the
-    attention op or SDPA, and, for the MLP, its plain ops or the GELU-epilogue op (the ops' references on CPU)."""
+    """The fused path takes each branch without its c_proj bias and hands the bias on (add_layernorm adds
+    it), through the attention op or SDPA, and, for the MLP, its plain ops or the GELU-epilogue op (the
+    ops' references on CPU)."""
     model = GPT.create(CONFIG, seed=1)
     h = torch.randn(2, 16, CONFIG.n_embd, generator=torch.Generator().manual_seed(3))
     attn, mlp = model.transformer.h[0].attn, model.transformer.h[0].mlp
     for packed_attention in (False, True):
-        assert rel_err(attn.fused_branch(h, packed_attention) + attn.c_proj.bias, attn(h)) < 1e-6
+        y, y_bias = attn.fused_branch(h, packed_attention)
+        assert y_bias is attn.c_proj.bias and rel_err(y + y_bias, attn(h)) < 1e-6
     for gelu_epilogue_dtype in (None, torch.float32):
-        assert rel_err(mlp.fused_branch(h, gelu_epilogue_dtype) + mlp.c_proj.bias, mlp(h)) < 1e-6
+        y, y_bias = mlp.fused_branch(h, gelu_epilogue_dtype)
+        assert y_bias is mlp.c_proj.bias and rel_err(y + y_bias, mlp(h)) < 1e-6
 
 
 def run_bf16(model: GPT, idx: torch.Tensor, targets: torch.Tensor, enabled: bool = True) -> float:
