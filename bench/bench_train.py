@@ -53,9 +53,9 @@ import torch
 
 import gpt2.model
 import kernels.cross_entropy
+from bench.fp8 import convert_blocks_to_fp8
 from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
-from bench.fp8 import convert_blocks_to_fp8
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.metrics import flops_per_token, peak_flops
