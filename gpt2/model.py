@@ -17,7 +17,7 @@ from gpt2.init import init_weights
 from kernels import add_layernorm, causal_attention, fused_mlp, linear_cross_entropy
 from kernels.attention import packed_attention_enabled
 from kernels.compile import register_inductor_fallbacks
-from kernels.mlp import gelu_epilogue_enabled
+from kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
 
 
 def sdpa_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -73,14 +73,15 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self._hidden(x))
 
-    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None
+    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None, keep_post: bool = False
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path's branch as `project` returns it: with a dtype, kernels.fused_mlp (the GELU
-        inside quack's matmuls) computing in it; else the plain ops, compiled. Swapped linears (FP8) keep
-        their own matmuls, so quack's are not used then."""
+        inside quack's matmuls) computing in it, keeping the GELU's output for backward with keep_post;
+        else the plain ops, compiled. Swapped linears (FP8) keep their own matmuls, so quack's are not
+        used then."""
         if gelu_epilogue_dtype is not None and not swapped(self.c_fc):
             return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None,
-                             gelu_epilogue_dtype), self.c_proj.bias
+                             gelu_epilogue_dtype, keep_post), self.c_proj.bias
         return project(self.c_proj, self._hidden(x))
 
     def _hidden(self, x: torch.Tensor) -> torch.Tensor:
@@ -201,12 +202,15 @@ class GPT(nn.Module):
         first = blocks[0].ln_1
         packed_attention = packed_attention_enabled(x.device)
         gelu_epilogue_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None
+        B, T, C = x.size()
+        # the first few MLPs keep the GELU's output for backward, as far as kernels.mlp's memory budget goes
+        keeping_post = layers_keeping_post(len(blocks), B * T, 4 * C, act_dtype)
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
-        for block, ln in zip(blocks, next_ln):
+        for i, (block, ln) in enumerate(zip(blocks, next_ln)):
             y, y_bias = block.attn.fused_branch(h, packed_attention)
             residual, h = add_layernorm(residual, y, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps,
                                         act_dtype, y_bias=y_bias)
-            y, y_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype)
+            y, y_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post)
             residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, y_bias=y_bias)
         return h
 

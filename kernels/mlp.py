@@ -4,14 +4,16 @@
                y = post @ W_projᵀ (+ b_proj)                cuBLAS
     backward:  dpre, post, db_fc = (dy @ W_proj) ∘ gelu'(pre), gelu(pre), Σ_rows dpre
                                                            one GEMM, reading pre in its epilogue and
-                                                           summing dpre's columns there (dgelu_dbias)
+                                                           summing dpre's columns there (dgelu_dbias);
+                                                           with post kept, it writes dpre alone
                dW_proj = dyᵀ post;  dW_fc = dpreᵀ h;  dh = dpre W_fc     cuBLAS, weight grads out in fp32
 
 Inductor runs the GELU as separate passes over the (B·T, 4C) activations: forward reads pre and writes
 post, backward writes dpost from the matmul and reads it back with pre. Inside the GEMMs those passes
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
-docs/benchmarks.md), and so does the c_fc bias gradient's column-sum pass. Only pre is kept for
-backward; the backward GEMM rebuilds post, which dW_proj needs.
+docs/benchmarks.md), and so does the c_fc bias gradient's column-sum pass. pre is kept for backward;
+post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
+with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`).
 
 `configure_mlp` turns the op on for CUDA where quack-kernels (an optional GPU dependency, Hopper and
 newer) is installed and agrees with the reference; elsewhere the fused model keeps the plain MLP, which
@@ -35,10 +37,16 @@ GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="
 _gelu_epilogue_on_cuda = False
 
 
+# Activation memory the fused MLPs may spend keeping post for backward, so that the backward GEMM writes
+# dpre alone: at d12 and B x T = 65,536 rows, 0.40 GB and about 1 ms a step per layer (docs/benchmarks.md)
+KEPT_POST_BYTES = 3.3e9
+
+
 class QuackGemms(NamedTuple):
     gemm_act: Callable  # quack.gemm_interface.gemm_act
     dgelu_dbias: Callable  # quack.epilogue.library.dgelu_dbias_mod: D = dpre, postact = gelu(pre), dbias
-    dgelu_dbias_config: object  # the quack.gemm_config.GemmConfig it is pinned to
+    dgelu_dbias_no_post: Callable  # the same without postact: D = dpre, dbias
+    dgelu_dbias_config: object  # the quack.gemm_config.GemmConfig both are pinned to
 
 
 @functools.cache
@@ -47,15 +55,23 @@ def _load_quack() -> QuackGemms | None:
     predates Hopper."""
     if quack_capability() is None:
         return None
+    from quack.activation import dgelu_tanh_approx
+    from quack.epilogue.frontend import gemm_epilogue
     from quack.epilogue.library import dgelu_dbias_mod
+    from quack.epilogue.ops import RowVecReduce
     from quack.gemm_config import GemmConfig
     from quack.gemm_interface import gemm_act
+
+    @gemm_epilogue(reduces={"dbias": RowVecReduce("dbias")})
+    def dgelu_dbias_no_post(acc, c):  # dgelu_dbias_mod less its postact store: c is pre, acc is dpost
+        dx, _ = dgelu_tanh_approx(c, acc)
+        return {"D": dx, "dbias": dx}
 
     # quack's autotuner takes minutes at these shapes. bench_kernels.py's sweep (bench_mlp_gemm_configs) at
     # d12's shape on an H100 (2026-11-23): for the backward GEMM 128 x 128 ping-pong, cluster 1 x 2 was the
     # fastest (0.76 ms against 0.82 for quack's untuned default, 128 x 192 cluster 2 x 1); for gemm_act the
     # default was within noise of the best, so it keeps it. A config is valid at any shape.
-    return QuackGemms(gemm_act, dgelu_dbias_mod, dgelu_dbias_config=GemmConfig(
+    return QuackGemms(gemm_act, dgelu_dbias_mod, dgelu_dbias_no_post, dgelu_dbias_config=GemmConfig(
         tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False,
         device_capacity=9))
 
@@ -72,11 +88,14 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     dy = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
     w_fc, b_fc, w_proj = (0.02 * torch.randn(*s, device=device, generator=g)
                           for s in ((4 * n_embd, n_embd), (4 * n_embd,), (n_embd, 4 * n_embd)))
-    y, pre = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype)
-    grads = _mlp_bwd(dy, h, pre, w_fc, w_proj, False)
-    ref_y, ref_pre = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, None)
-    ref_grads = mlp_reference_bwd(dy.float(), h.float(), ref_pre, w_fc, w_proj, False)
-    err = max(float((a.float() - b).norm() / b.norm()) for a, b in zip((y, *grads[:4]), (ref_y, *ref_grads[:4])))
+    ref_y, ref_pre, _ = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, None)
+    ref_grads = mlp_reference_bwd(dy.float(), h.float(), ref_pre, ref_pre.new_empty(0), w_fc, w_proj, False)
+    err = 0.0
+    for keep_post in (False, True):  # post rebuilt by the backward GEMM, and kept from the forward
+        y, pre, post = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype, keep_post)
+        grads = _mlp_bwd(dy, h, pre, post, w_fc, w_proj, False)
+        err = max(err, *(float((a.float() - b).norm() / b.norm())
+                         for a, b in zip((y, *grads[:4]), (ref_y, *ref_grads[:4]))))
     if err > 5e-2:  # bf16 lands near 3e-3
         raise RuntimeError(f"quack's GELU-epilogue GEMMs disagree with the reference at width {n_embd}: "
                            f"relative error {err:.2e}; `pip uninstall flash-attn-4 quack-kernels` (the gpu "
@@ -90,53 +109,71 @@ def gelu_epilogue_enabled(device: torch.device) -> bool:
     return device.type == "cpu" or (device.type == "cuda" and _gelu_epilogue_on_cuda)
 
 
+def layers_keeping_post(n_layer: int, rows: int, hidden: int, act_dtype: torch.dtype) -> int:
+    """How many of n_layer MLPs keep post (rows x hidden in act_dtype each) within KEPT_POST_BYTES."""
+    return min(n_layer, int(KEPT_POST_BYTES // (rows * hidden * act_dtype.itemsize)))
+
+
 def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
-        b_proj: torch.Tensor | None, act_dtype: torch.dtype) -> torch.Tensor:
+        b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool = False) -> torch.Tensor:
     """h (..., C) -> c_proj(gelu(c_fc(h))) (..., C) in act_dtype; b_proj=None leaves c_proj's bias out.
 
     The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
-    do not see autocast), and their gradients come back in fp32."""
+    do not see autocast), and their gradients come back in fp32. `keep_post` keeps the GELU's output for
+    backward (its memory, (..., 4C) in act_dtype) instead of having the backward GEMM rebuild it."""
     C = h.size(-1)
-    y, _ = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype)
+    y, _, _ = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post)
     return y.view(h.shape)
+
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=())
 def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
-             b_proj: torch.Tensor | None, act_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, kept for backward), both in act_dtype."""
+             b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, and with keep_post its output post (N, 4C),
+    else an empty tensor), all in act_dtype; pre and post are for backward."""
     h, w_fc, b_fc, w_proj = (t.to(act_dtype) for t in (h, w_fc, b_fc, w_proj))
     b_proj = b_proj.to(act_dtype) if b_proj is not None else None
     if not h.is_cuda:
-        return mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
-    quack = _load_quack()
-    pre, post = quack.gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False)  # (N, 4C)
-    y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)
-    return y, pre
+        y, pre, post = mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
+    else:
+        pre, post = _load_quack().gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True,
+                                           tuned=False)  # (N, 4C) each
+        y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)
+    return y, pre, post if keep_post else pre.new_empty(0)
 
 
 @_mlp_fwd.register_fake
-def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype):
+def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post):
     N, C = h.shape
-    return h.new_empty(N, C, dtype=act_dtype), h.new_empty(N, w_fc.size(0), dtype=act_dtype)
+    hidden = h.new_empty(N, w_fc.size(0), dtype=act_dtype)
+    return h.new_empty(N, C, dtype=act_dtype), hidden, torch.empty_like(hidden) if keep_post else hidden.new_empty(0)
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=())
-def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, w_fc: torch.Tensor, w_proj: torch.Tensor,
-             has_proj_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj, db_proj (empty without) in the weights' dtype)."""
+def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.Tensor, w_fc: torch.Tensor,
+             w_proj: torch.Tensor, has_proj_bias: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj, db_proj (empty without) in the weights' dtype).
+    post: the forward's (N, 4C), or empty to have it rebuilt from pre."""
     dtype = pre.dtype
     if not dy.is_cuda:
-        return mlp_reference_bwd(dy, h, pre, w_fc, w_proj, has_proj_bias)
+        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias)
     quack = _load_quack()
     w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), h.to(dtype)
-    out = quack.dgelu_dbias(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
-                            config=quack.dgelu_dbias_config, dynamic_scheduler=True)  # (N, 4C), (N, 4C), (4C,)
-    return _weight_grads(dy, h, out["D"], out["postact"], out["dbias"].to(w_fc.dtype), w_fc, has_proj_bias)
+    if post.numel():  # (N, 4C), (4C,)
+        out = quack.dgelu_dbias_no_post(dy, w_proj_c, pre, out={"D": torch.empty_like(pre)},
+                                        config=quack.dgelu_dbias_config, dynamic_scheduler=True)
+    else:  # (N, 4C), (N, 4C), (4C,)
+        out = quack.dgelu_dbias(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
+                                config=quack.dgelu_dbias_config, dynamic_scheduler=True)
+        post = out["postact"]
+    return _weight_grads(dy, h, out["D"], post, out["dbias"].to(w_fc.dtype), w_fc, has_proj_bias)
 
 
 @_mlp_bwd.register_fake
-def _(dy, h, pre, w_fc, w_proj, has_proj_bias):
+def _(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
     n_proj_bias = w_proj.size(0) if has_proj_bias else 0
     return (h.new_empty(h.shape, dtype=pre.dtype), w_fc.new_empty(w_fc.shape), w_fc.new_empty(w_fc.size(0)),
             w_fc.new_empty(w_proj.shape), w_fc.new_empty(n_proj_bias))
@@ -160,38 +197,40 @@ def _matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.T
 
 
 def _setup_context(ctx, inputs, output):
-    h, w_fc, _, w_proj, b_proj, _ = inputs
-    _, pre = output
-    ctx.save_for_backward(h, pre, w_fc, w_proj)
+    h, w_fc, _, w_proj, b_proj, _, _ = inputs
+    _, pre, post = output
+    ctx.save_for_backward(h, pre, post, w_fc, w_proj)
     ctx.has_proj_bias = b_proj is not None
     ctx.h_dtype = h.dtype
-    ctx.mark_non_differentiable(pre)
+    ctx.mark_non_differentiable(pre, post)
 
 
-def _backward(ctx, dy, _dpre):
-    h, pre, w_fc, w_proj = ctx.saved_tensors
-    dh, dw_fc, db_fc, dw_proj, db_proj = _mlp_bwd(dy.contiguous(), h, pre, w_fc, w_proj, ctx.has_proj_bias)
-    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, (db_proj if ctx.has_proj_bias else None), None
+def _backward(ctx, dy, _dpre, _dpost):
+    h, pre, post, w_fc, w_proj = ctx.saved_tensors
+    dh, dw_fc, db_fc, dw_proj, db_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.has_proj_bias)
+    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, (db_proj if ctx.has_proj_bias else None), None, None
 
 
 _mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj):
-    """The op's forward in plain PyTorch (in h's dtype): (y, pre)."""
+    """The op's forward in plain PyTorch (in h's dtype): (y, pre, post)."""
     pre = F.linear(h, w_fc.to(h.dtype), b_fc.to(h.dtype))
     post = F.gelu(pre, approximate="tanh")
-    return F.linear(post, w_proj.to(h.dtype), b_proj.to(h.dtype) if b_proj is not None else None), pre
+    return F.linear(post, w_proj.to(h.dtype), b_proj.to(h.dtype) if b_proj is not None else None), pre, post
 
 
-def mlp_reference_bwd(dy, h, pre, w_fc, w_proj, has_proj_bias):
-    """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`."""
+def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
+    """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`; post is
+    the forward's, or empty to rebuild it from pre as the backward GEMM does."""
     dpost = dy.to(pre.dtype) @ w_proj.to(pre.dtype)  # (N, 4C)
     x = pre.to(torch.promote_types(pre.dtype, torch.float32))  # bf16 math in fp32, fp64 tests in fp64
     inner = 0.7978845608028654 * (x + 0.044715 * x**3)  # √(2/π)(x + 0.044715x³)
     t = torch.tanh(inner)
     dgelu = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * x * x)
     dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
-    post = (0.5 * x * (1 + t)).to(pre.dtype)
+    if not post.numel():
+        post = (0.5 * x * (1 + t)).to(pre.dtype)
     db_fc = dpre.sum(0, dtype=w_fc.dtype)
     return _weight_grads(dy.to(pre.dtype), h.to(pre.dtype), dpre, post, db_fc, w_fc, has_proj_bias)

@@ -30,8 +30,10 @@ def test_reference_backward_matches_autograd(N, C, with_proj_bias):
     b_proj = b_proj if with_proj_bias else None
     g = torch.Generator().manual_seed(1)
     h, dy = (torch.randn(N, C, dtype=torch.float64, generator=g) for _ in range(2))
-    y, pre = mlp_op.mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
-    grads = mlp_op.mlp_reference_bwd(dy, h, pre, w_fc, w_proj, with_proj_bias)
+    y, pre, post = mlp_op.mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
+    grads = mlp_op.mlp_reference_bwd(dy, h, pre, pre.new_empty(0), w_fc, w_proj, with_proj_bias)
+    kept = mlp_op.mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, with_proj_bias)  # post from the forward
+    assert all(a.numel() == 0 or rel_err(a, b) < 1e-12 for a, b in zip(grads, kept))
     leaves = [t.clone().requires_grad_() for t in (h, w_fc, b_fc, w_proj)]
     bias = b_proj.clone().requires_grad_() if with_proj_bias else None
     y_ref = plain_mlp(*leaves, bias)
@@ -45,8 +47,10 @@ def test_reference_backward_matches_autograd(N, C, with_proj_bias):
         assert grads[4].numel() == 0
 
 
-def test_op_autograd_on_cpu_matches_plain_mlp():
-    """kernels.mlp with its registered backward, as the fused model calls it (fp32 params, bf16 compute)."""
+@pytest.mark.parametrize("keep_post", [False, True])
+def test_op_autograd_on_cpu_matches_plain_mlp(keep_post):
+    """kernels.mlp with its registered backward, as the fused model calls it (fp32 params, bf16 compute),
+    with post rebuilt in backward or kept from the forward."""
     C = 6
     params = [t.float().requires_grad_() for t in weights(C)]
     ref_params = [t.detach().double().requires_grad_() for t in params]
@@ -54,7 +58,7 @@ def test_op_autograd_on_cpu_matches_plain_mlp():
     h = torch.randn(2, 5, C, generator=g)
     dy = torch.randn(2, 5, C, generator=g)
     x = h.clone().requires_grad_()
-    y = mlp_op.fused_mlp(x, *params, torch.float32)
+    y = mlp_op.fused_mlp(x, *params, torch.float32, keep_post=keep_post)
     y.backward(dy)
     x_ref = h.double().requires_grad_()
     plain_mlp(x_ref, *ref_params).backward(dy.double())
@@ -69,9 +73,11 @@ def test_ops_pass_opcheck():
     C = 4
     w_fc, b_fc, w_proj, b_proj = (t.float() for t in weights(C))
     h = torch.randn(9, C)
-    torch.library.opcheck(mlp_op._mlp_fwd, (h, w_fc, b_fc, w_proj, b_proj, torch.float32))
-    _, pre = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32)
-    torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, w_fc, w_proj, False))
+    for keep_post in (False, True):
+        torch.library.opcheck(mlp_op._mlp_fwd, (h, w_fc, b_fc, w_proj, b_proj, torch.float32, keep_post))
+        _, pre, post = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post)
+        assert post.shape == ((9, 4 * C) if keep_post else (0,))
+        torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, post, w_fc, w_proj, False))
 
 
 @pytest.mark.gpu
@@ -87,13 +93,15 @@ def test_gelu_epilogue_on_gpu():
         g = torch.Generator(device="cuda").manual_seed(3)
         h = torch.randn(1000, C, device="cuda", generator=g).bfloat16()  # rows not a multiple of a tile
         dy = torch.randn(1000, C, device="cuda", generator=g).bfloat16()
-        y, pre = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16)
-        grads = mlp_op._mlp_bwd(dy, h, pre, w_fc, w_proj, True)
-        ref_y, ref_pre = mlp_op.mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, b_proj)
-        ref_grads = mlp_op.mlp_reference_bwd(dy.float(), h.float(), ref_pre, w_fc, w_proj, True)
-        assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
-        for a, b in zip(grads, ref_grads):
-            assert rel_err(a, b) < 1e-2
+        ref_y, ref_pre, ref_post = mlp_op.mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, b_proj)
+        ref_grads = mlp_op.mlp_reference_bwd(dy.float(), h.float(), ref_pre, ref_post, w_fc, w_proj, True)
+        for keep_post in (False, True):  # dgelu_dbias rebuilding post, and its variant without postact
+            y, pre, post = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16, keep_post)
+            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc, w_proj, True)
+            assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
+            assert post.numel() == 0 or rel_err(post, ref_post) < 1e-2
+            for a, b in zip(grads, ref_grads):
+                assert rel_err(a, b) < 1e-2
     finally:
         mlp_op._gelu_epilogue_on_cuda = False
 
@@ -119,7 +127,47 @@ def test_weight_gradients_are_not_rounded_to_the_activation_dtype():
     g = torch.Generator().manual_seed(5)
     h, dy = (torch.randn(64, C, generator=g).bfloat16() for _ in range(2))
     pre = F.linear(h, w_fc.bfloat16())
-    _, dw_fc, _, dw_proj, _ = mlp_op.mlp_reference_bwd(dy, h, pre, w_fc, w_proj, False)
+    _, dw_fc, _, dw_proj, _ = mlp_op.mlp_reference_bwd(dy, h, pre, pre.new_empty(0), w_fc, w_proj, False)
     assert dw_fc.dtype == dw_proj.dtype == torch.float32
     for dw in (dw_fc, dw_proj):
         assert not torch.equal(dw, dw.bfloat16().float())  # values finer than bf16 holds
+
+
+def test_layers_keeping_post_stay_within_the_budget():
+    """d12 at 65,536 rows a micro-step: 0.40 GB of post per layer, so KEPT_POST_BYTES (3.3e9) keeps 8 of 12;
+    a short run's rows fit every layer; a model whose one layer is over budget keeps none."""
+    per_layer = 65536 * 3072 * 2
+    assert mlp_op.layers_keeping_post(12, 65536, 3072, torch.bfloat16) == int(mlp_op.KEPT_POST_BYTES // per_layer) == 8
+    assert mlp_op.layers_keeping_post(12, 1024, 3072, torch.bfloat16) == 12
+    assert mlp_op.layers_keeping_post(48, 10 ** 6, 6400, torch.float32) == 0
+
+
+@pytest.mark.parametrize("keep_post", [False, True])
+def test_backward_reads_the_kept_post(keep_post):
+    """With keep_post the forward's GELU output is held for backward, (N, 4C) more memory, and dW_proj
+    = dyᵀ post comes from it: doubling what was saved doubles dW_proj and nothing else. Without, nothing
+    of that size is held and the backward rebuilds post from pre."""
+    C, N = 6, 10
+    params = [t.float().requires_grad_() for t in weights(C)]
+    g = torch.Generator().manual_seed(4)
+    h, dy = (torch.randn(N, C, generator=g) for _ in range(2))
+
+    def grads(double_post: bool) -> tuple[list[torch.Tensor], list[torch.Size]]:
+        saved = []
+
+        def unpack(i):  # saved in order h, pre, post, w_fc, w_proj
+            return saved[i] * 2 if double_post and i == 2 else saved[i]
+
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or len(saved) - 1, unpack):
+            y = mlp_op.fused_mlp(h, *params, torch.float32, keep_post=keep_post)
+        y.backward(dy)
+        out = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        return out, [t.shape for t in saved]
+
+    (dw_fc, db_fc, dw_proj, db_proj), shapes = grads(double_post=False)
+    (dw_fc2, db_fc2, dw_proj2, db_proj2), _ = grads(double_post=True)
+    assert shapes[2] == ((N, 4 * C) if keep_post else (0,))
+    assert torch.equal(dw_fc2, dw_fc) and torch.equal(db_fc2, db_fc) and torch.equal(db_proj2, db_proj)
+    assert torch.allclose(dw_proj2, 2 * dw_proj if keep_post else dw_proj)
