@@ -126,7 +126,6 @@ def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: t
     return y.view(h.shape)
 
 
-
 @torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=())
 def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
              b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool
