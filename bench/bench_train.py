@@ -18,6 +18,8 @@ MFU, peak GPU memory and step time:
   kernels-chunk-32768   the kernels path with 32,768-row classifier chunks (fewer, larger matmuls; +1.6 GB)
   kernels-no-graphs     the kernels path with each micro-step launched kernel by kernel instead of replayed
                         as a CUDA graph (gpt2/step.py's MicroStepGraph)
+  kernels-keep-post     the kernels path with 3.3 GB for the MLPs to keep their GELU output for backward
+                        (gpt2.train --keep-mlp-post-gb 3.3: 8 of d12's 12 layers at B=64)
   kernels-fp8           the kernels path with the blocks' matmuls in FP8 (bench/fp8.py: torchao's float8
                         training, tensorwise scales); needs torchao
   plain                 GPT(use_kernels=False) the way build-nanogpt trains: whole model compiled, PyTorch's
@@ -77,6 +79,7 @@ class Variant:
     cuda_graphs: bool = True  # False: micro-steps launched kernel by kernel (gpt2.train --no-cuda-graphs)
     chunk_rows: int | None = None  # classifier rows per chunk; None: kernels.cross_entropy's default
     fp8: bool = False  # the blocks' matmuls in FP8 (bench/fp8.py)
+    keep_mlp_post_gb: float = 0.0  # gpt2.train's keep_mlp_post_gb
 
 
 KERNELS_SDPA = ("cudnn", "flash")
@@ -90,6 +93,7 @@ VARIANTS = {
     "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
     "kernels-no-graphs": Variant(use_kernels=True, sdpa=KERNELS_SDPA, cuda_graphs=False),
     "kernels-chunk-32768": Variant(use_kernels=True, sdpa=KERNELS_SDPA, chunk_rows=32768),
+    "kernels-keep-post": Variant(use_kernels=True, sdpa=KERNELS_SDPA, keep_mlp_post_gb=3.3),
     "kernels-fp8": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fp8=True),
     "plain": Variant(use_kernels=False, sdpa=None),
     "plain-fp8": Variant(use_kernels=False, sdpa=None, fp8=True),
@@ -180,7 +184,8 @@ def _measure(variant: str, spec: Variant, descriptor: str, B: int, T: int, grad_
     else:
         sdpa = configure_kernels(config.n_head, config.head_size, preference=spec.sdpa,
                                  fa4_backward=spec.fa4_backward, gelu_epilogue=spec.gelu_epilogue,
-                                 scaled_exp_classifier=spec.scaled_exp)
+                                 scaled_exp_classifier=spec.scaled_exp,
+                                 keep_mlp_post_bytes=spec.keep_mlp_post_gb * 1e9)
     raw = GPT.create(config, seed=42, device="cuda", use_kernels=spec.use_kernels)
     if spec.fp8:
         convert_blocks_to_fp8(raw)

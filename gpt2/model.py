@@ -203,7 +203,7 @@ class GPT(nn.Module):
         packed_attention = packed_attention_enabled(x.device)
         gelu_epilogue_dtype = act_dtype if gelu_epilogue_enabled(x.device) else None
         B, T, C = x.size()
-        # the first few MLPs keep the GELU's output for backward, as far as kernels.mlp's memory budget goes
+        # the first MLPs keep the GELU's output for backward, as far as the configured memory budget goes
         keeping_post = layers_keeping_post(len(blocks), B * T, 4 * C, act_dtype)
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
         for i, (block, ln) in enumerate(zip(blocks, next_ln)):

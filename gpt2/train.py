@@ -191,7 +191,8 @@ def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistConte
 
     # before the model is built and compiled: compiled graphs bake the backend in (kernels/attention.py)
     act_dtype = autocast_dtype(ctx.device, config.dtype)
-    return configure_kernels(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device)
+    return configure_kernels(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device,
+                             keep_mlp_post_bytes=config.keep_mlp_post_gb * 1e9)
 
 
 @contextmanager

@@ -27,13 +27,15 @@ from kernels.mlp import configure_mlp, fused_mlp
 
 def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bfloat16,
                       device: torch.device | str = "cuda", preference: tuple[str, ...] = DEFAULT_PREFERENCE,
-                      fa4_backward: bool = True, gelu_epilogue: bool = True, scaled_exp_classifier: bool = True) -> str:
+                      fa4_backward: bool = True, gelu_epilogue: bool = True, scaled_exp_classifier: bool = True,
+                      keep_mlp_post_bytes: float = 0.0) -> str:
     """Configure the fused path's attention, MLP and classifier for this model shape; returns what runs,
-    e.g. "cudnn+fa4-bwd, quack-gelu-epilogue, quack-scaled-exp"."""
+    e.g. "cudnn+fa4-bwd, quack-gelu-epilogue, quack-scaled-exp". keep_mlp_post_bytes: memory the MLPs may
+    spend keeping their GELU output for backward (kernels.mlp.layers_keeping_post)."""
     n_embd = n_head * head_size
     attention = configure_attention(n_head, head_size, dtype=dtype, device=device, preference=preference,
                                     fa4_backward=fa4_backward)
-    mlp = configure_mlp(dtype, device, gelu_epilogue, n_embd=n_embd)
+    mlp = configure_mlp(dtype, device, gelu_epilogue, n_embd=n_embd, keep_post_bytes=keep_mlp_post_bytes)
     return f"{attention}, {mlp}, {configure_classifier(dtype, device, scaled_exp_classifier, n_embd=n_embd)}"
 
 

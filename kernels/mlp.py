@@ -13,7 +13,8 @@ post, backward writes dpost from the matmul and reads it back with pre. Inside t
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
 docs/benchmarks.md), and so does the c_fc bias gradient's column-sum pass. pre is kept for backward;
 post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
-with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`).
+with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`; off unless
+configured).
 
 `configure_mlp` turns the op on for CUDA where quack-kernels (an optional GPU dependency, Hopper and
 newer) is installed and agrees with the reference; elsewhere the fused model keeps the plain MLP, which
@@ -37,9 +38,10 @@ GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="
 _gelu_epilogue_on_cuda = False
 
 
-# Activation memory the fused MLPs may spend keeping post for backward, so that the backward GEMM writes
-# dpre alone: at d12 and B x T = 65,536 rows, 0.40 GB and about 1 ms a step per layer (docs/benchmarks.md)
-KEPT_POST_BYTES = 3.3e9
+# Bytes of GPU memory the fused MLPs may spend keeping post for backward, so that the backward GEMM writes
+# dpre alone (configure_mlp's keep_post_bytes; 0: none): at d12 and B x T = 65,536 rows, 0.40 GB and about
+# 1 ms a step per layer (docs/benchmarks.md)
+_kept_post_bytes = 0.0
 
 
 class QuackGemms(NamedTuple):
@@ -77,10 +79,12 @@ def _load_quack() -> QuackGemms | None:
 
 
 def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
-                  gelu_epilogue: bool = True, n_embd: int = 768) -> str:
-    """Enable the GELU-epilogue MLP on CUDA where quack runs and matches the reference; returns what runs."""
-    global _gelu_epilogue_on_cuda
+                  gelu_epilogue: bool = True, n_embd: int = 768, keep_post_bytes: float = 0.0) -> str:
+    """Enable the GELU-epilogue MLP on CUDA where quack runs and matches the reference, with up to
+    keep_post_bytes of post kept for backward (`layers_keeping_post`); returns what runs."""
+    global _gelu_epilogue_on_cuda, _kept_post_bytes
     _gelu_epilogue_on_cuda = False
+    _kept_post_bytes = keep_post_bytes
     if not (gelu_epilogue and dtype in (torch.bfloat16, torch.float16) and _load_quack() is not None):
         return "inductor-gelu"
     g = torch.Generator(device=device).manual_seed(0)
@@ -110,8 +114,9 @@ def gelu_epilogue_enabled(device: torch.device) -> bool:
 
 
 def layers_keeping_post(n_layer: int, rows: int, hidden: int, act_dtype: torch.dtype) -> int:
-    """How many of n_layer MLPs keep post (rows x hidden in act_dtype each) within KEPT_POST_BYTES."""
-    return min(n_layer, int(KEPT_POST_BYTES // (rows * hidden * act_dtype.itemsize)))
+    """How many of n_layer MLPs keep post (rows x hidden in act_dtype each) within configure_mlp's
+    keep_post_bytes."""
+    return min(n_layer, int(_kept_post_bytes // (rows * hidden * act_dtype.itemsize)))
 
 
 def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,

@@ -133,11 +133,15 @@ def test_weight_gradients_are_not_rounded_to_the_activation_dtype():
         assert not torch.equal(dw, dw.bfloat16().float())  # values finer than bf16 holds
 
 
-def test_layers_keeping_post_stay_within_the_budget():
-    """d12 at 65,536 rows a micro-step: 0.40 GB of post per layer, so KEPT_POST_BYTES (3.3e9) keeps 8 of 12;
-    a short run's rows fit every layer; a model whose one layer is over budget keeps none."""
-    per_layer = 65536 * 3072 * 2
-    assert mlp_op.layers_keeping_post(12, 65536, 3072, torch.bfloat16) == int(mlp_op.KEPT_POST_BYTES // per_layer) == 8
+def test_layers_keeping_post_stay_within_the_configured_budget(monkeypatch):
+    """None by default. With 3.3 GB at d12's 65,536 rows a micro-step (0.40 GB of post a layer): 8 of 12; a
+    short run's rows fit every layer; a model whose one layer is over the budget keeps none."""
+    for name in ("_kept_post_bytes", "_gelu_epilogue_on_cuda"):  # restored after the test
+        monkeypatch.setattr(mlp_op, name, getattr(mlp_op, name))
+    mlp_op.configure_mlp(torch.bfloat16, "cpu", gelu_epilogue=False)
+    assert mlp_op.layers_keeping_post(12, 1024, 3072, torch.bfloat16) == 0
+    mlp_op.configure_mlp(torch.bfloat16, "cpu", gelu_epilogue=False, keep_post_bytes=3.3e9)
+    assert mlp_op.layers_keeping_post(12, 65536, 3072, torch.bfloat16) == 8
     assert mlp_op.layers_keeping_post(12, 1024, 3072, torch.bfloat16) == 12
     assert mlp_op.layers_keeping_post(48, 10 ** 6, 6400, torch.float32) == 0
 

@@ -46,6 +46,28 @@ def test_kernel_path_matches_plain_path():
         assert rel_err(fused(idx)[0], plain(idx)[0]) < 1e-5
 
 
+def test_kernel_path_keeping_post_matches_plain_path(monkeypatch):
+    """With a memory budget for it (kernels.mlp.configure_mlp's keep_post_bytes), every MLP of the tiny model
+    holds its (B·T, 4C) GELU output for backward, one more such tensor a layer, and the result is unchanged."""
+    import kernels.mlp
+
+    def saved_hidden_tensors(model: GPT, idx, targets) -> int:
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(t.shape) or t, lambda t: t):
+            _, loss = model(idx, targets, return_logits=False)
+        loss.backward()
+        return sum(s == (idx.numel(), 4 * CONFIG.n_embd) for s in shapes)
+
+    plain, fused, idx, targets = models_and_batch()
+    rebuilding = saved_hidden_tensors(fused, idx, targets)
+    monkeypatch.setattr(kernels.mlp, "_kept_post_bytes", 1e9)
+    plain, fused, idx, targets = models_and_batch()
+    assert saved_hidden_tensors(fused, idx, targets) == rebuilding + CONFIG.n_layer
+    _, loss_plain = plain(idx, targets, return_logits=False)
+    loss_plain.backward()
+    assert_same_grads(plain, fused)
+
+
 def test_fused_branch_is_forward_less_the_bias():
     """The fused path takes each branch without its c_proj bias and hands the bias on (add_layernorm adds
     it), through the attention op or SDPA, and, for the MLP, its plain ops or the GELU-epilogue op (the

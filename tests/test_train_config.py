@@ -102,6 +102,7 @@ def test_validate_accepts_a_good_config(tmp_path):
         ({"sample_every": 10}, 1, "needs the GPT-2 tokenizer's vocabulary"),
         ({"warmup_steps": 10, "max_steps": 5}, 1, "warmup_steps=10 exceeds max_steps=5"),
         ({"batch_size": 0}, 1, "batch_size must be > 0"),
+        ({"keep_mlp_post_gb": -1.0}, 1, "keep_mlp_post_gb must be >= 0, got -1.0"),
     ],
 )
 def test_validate_says_what_to_change(tmp_path, overrides, world_size, message):
