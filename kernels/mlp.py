@@ -95,7 +95,7 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     ref_y, ref_pre, _ = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, None)
     ref_grads = mlp_reference_bwd(dy.float(), h.float(), ref_pre, ref_pre.new_empty(0), w_fc, w_proj, False)
     err = 0.0
-    for keep_post in (False, True):  # post rebuilt by the backward GEMM, and kept from the forward
+    for keep_post in (False, True) if keep_post_bytes else (False,):  # post rebuilt, and kept where configured
         y, pre, post = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype, keep_post)
         grads = _mlp_bwd(dy, h, pre, post, w_fc, w_proj, False)
         err = max(err, *(float((a.float() - b).norm() / b.norm())
