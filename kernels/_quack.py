@@ -28,3 +28,12 @@ def quack_capability() -> tuple[int, int] | None:
     # Its epilogue library fingerprints on import, hence the key before any quack module past the root.
     logging.Logger.__quack_semantic_key__ = lambda self: ("logging.Logger", self.name)
     return capability
+
+
+# A quack path's startup check fails above this relative error against its fp32 reference (bf16 lands near 3e-3)
+CHECK_TOLERANCE = 5e-2
+
+
+def max_relative_error(pairs) -> float:
+    """Largest ‖a − b‖ / ‖b‖ over (result, fp32 reference) pairs: what the startup checks compare."""
+    return max(float((a.float() - b).norm() / b.norm()) for a, b in pairs)

@@ -188,12 +188,15 @@ def test_without_quack_the_classifier_keeps_its_triton_pass():
     assert not ce._scaled_exp_on_cuda
 
 
-@pytest.mark.parametrize("fault", [None, "dx off by half", "padded rows with gradient"])
+@pytest.mark.parametrize("fault", [None, "dx off by half", "padded rows with gradient", "kernel raises"])
 def test_startup_check_keeps_a_disagreeing_scaled_exp_kernel_out(monkeypatch, fault):
     """configure_classifier's check is what keeps a wrong scaled-exp kernel out of training. This machine
-    has no quack, so a stand-in takes its place: the Triton path's answer, broken on purpose. Broken, the
-    check raises and the Triton pass stays on; unbroken, the path is turned on."""
+    has no quack, so a stand-in takes its place: the Triton path's answer, broken on purpose, or a kernel
+    that fails outright (a compile error). Broken, the check raises and the Triton pass stays on; unbroken,
+    the path is turned on."""
     def chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx, dw):
+        if fault == "kernel raises":
+            raise RuntimeError("stand-in compile error")
         loss_sum, right_dw = ce._triton_chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx,
                                                torch.zeros_like(dw))
         dw.copy_(right_dw)
@@ -211,7 +214,7 @@ def test_startup_check_keeps_a_disagreeing_scaled_exp_kernel_out(monkeypatch, fa
             assert ce.configure_classifier(torch.bfloat16, "cpu", n_embd=16) == "quack-scaled-exp"
             assert ce._scaled_exp_on_cuda
         else:
-            with pytest.raises(RuntimeError, match="disagrees with the reference"):
+            with pytest.raises(RuntimeError, match="disagrees with the reference|stand-in compile error"):
                 ce.configure_classifier(torch.bfloat16, "cpu", n_embd=16)
             assert not ce._scaled_exp_on_cuda
     finally:

@@ -135,3 +135,25 @@ def test_pipeline_settings_are_validated_before_any_input_exists():
         validate_train_settings({"max_steps": 30})
     with pytest.raises(ConfigError, match="must not set out_dir"):
         validate_train_settings({"out_dir": "x"})
+
+
+def test_keep_mlp_post_gb_from_the_command_line_reaches_the_kernels(monkeypatch):
+    """`--keep-mlp-post-gb 3.3` as typed becomes the MLPs' memory budget in bytes where gpt2.train configures
+    the kernels on a GPU (configure_kernels is recorded instead of run: this machine has none)."""
+    import torch
+
+    import kernels
+    from gpt2 import train
+    from gpt2.distributed import DistContext
+
+    calls = []
+    monkeypatch.setattr(kernels, "configure_kernels", lambda *args, **kwargs: calls.append(kwargs) or "recorded")
+    gpu = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # _configure_cuda sets both
+    try:
+        for argv, budget in (([], 0.0), (["--keep-mlp-post-gb", "3.3"], 3.3e9)):
+            config = load_config(argv)
+            assert train._configure_cuda(config, config.model_config(), gpu, use_kernels=True) == "recorded"
+            assert calls[-1]["keep_mlp_post_bytes"] == pytest.approx(budget)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
