@@ -27,10 +27,9 @@ import torch.nn.functional as F
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 from kernels._triton import jit, next_power_of_2, tl, use_triton
 
-# (16384, 50304) bf16 logits = 1.6 GB. Against 8192 rows: d12's classifier forward + backward 29.3 against
-# 30.5 ms per micro-step on an H100 (bench_kernels, 2026-11-23; fewer, larger dW and dx matmuls), for
-# 1.6 GB more at the peak: d12 at B=64 20.5 GB with the gpu extra's MLP (which keeps only its
-# pre-activation), about 25.4 without it (23.8 measured at 8192 rows, plus the 1.6)
+# (16384, 50304) bf16 logits = 1.6 GB, one buffer for all chunks. Against 8192 rows: d12's classifier forward +
+# backward 29.3 against 30.5 ms per micro-step on an H100 (bench_kernels, 2026-11-23; fewer, larger dW and dx
+# matmuls), for 0.8 GB more at the peak (docs/benchmarks.md, "Memory")
 DEFAULT_CHUNK_ROWS = 16384
 # rows kernel launch: columns per block, warps. 2048 x 4 measured 0.71 ms per 8192-row chunk on an H200
 # against 0.75 for 4096 x 8, and 0.90 against 0.89 on an H100 (bench_kernels sweeps the others)
@@ -197,10 +196,13 @@ def accumulate_dw(dw: torch.Tensor, dlogits: torch.Tensor, xc: torch.Tensor) -> 
 def _triton_chunks(x, w, targets, vocab_size, ignore_index, grad_scale, chunk_rows, dx, dw):
     """The chunk loop of the module docstring -> (sum of the rows' losses, dw); dx filled in place."""
     loss_sum = torch.zeros((), dtype=torch.float32, device=x.device)
+    # one logits buffer for all chunks: a fresh one per chunk would be allocated while the previous chunk's
+    # is still referenced, so two would be held at the peak
+    logits_rows = x.new_empty(min(chunk_rows, x.size(0)), w.size(0), dtype=w.dtype)
     for start in range(0, x.size(0), chunk_rows):
         rows = slice(start, start + chunk_rows)
         xc = x[rows].to(w.dtype)  # (n, C)
-        logits = xc @ w.t()  # (n, Vp): the only logits ever held
+        logits = torch.mm(xc, w.t(), out=logits_rows[: xc.size(0)])  # (n, Vp): the only logits ever held
         loss_sum += cross_entropy_rows_(logits, targets[rows], vocab_size, ignore_index, grad_scale).sum()
         if grad_scale is not None:  # logits now hold dloss/dlogits
             dx[rows] = logits @ w  # (n, C)

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernels.cross_entropy as ce
 from kernels.cross_entropy import (
@@ -140,6 +141,51 @@ def test_dw_accumulates_each_chunk_product_unrounded(rows, Vp, C):
     out = accumulate_dw(dw.clone(), dlogits, xc)
     assert out.dtype == torch.float32 and out.shape == (Vp, C)
     assert rel_err(out, expected) < 2e-6
+
+
+def test_chunks_write_their_logits_into_one_buffer():
+    """The module's promise, one chunk of logits held at a time: every chunk's logits land in the same
+    memory. A fresh tensor per chunk is allocated while the previous chunk's is still referenced, so two
+    would be held at the peak (1.6 GB more at d12's 16,384-row chunks)."""
+    N, C, V, Vp, chunk_rows = 40, 8, 100, 128, 16  # chunks of 16, 16 and 8 rows
+    x, w, targets = make_inputs(N, C, V, Vp, torch.float32, seed=5)
+    addresses = []
+
+    class LogitsAddresses(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket is torch.ops.aten.mm and out.size(-1) == Vp:
+                addresses.append(out.data_ptr())
+            return out
+
+    dx, dw = torch.empty_like(x), torch.zeros(Vp, C)
+    with LogitsAddresses():  # the custom op's loop itself: a dispatch mode sees a custom op as one call
+        ce._triton_chunks(x, w, targets, V, -1, torch.ones(1), chunk_rows, dx, dw)
+    assert len(addresses) == 3, "one logits matmul per chunk"
+    assert len(set(addresses)) == 1
+
+
+@pytest.mark.gpu
+def test_scaled_exp_classifier_holds_one_chunk_of_logits_on_gpu():
+    """The same promise for quack's scaled-exp chunks, by the allocator's peak: one (rows, Vp) buffer E for
+    all chunks, not two."""
+    N, C, V, Vp, chunk_rows = 3 * 4096, 768, 50257, 50304, 4096
+    name = ce.configure_classifier(torch.bfloat16, "cuda", n_embd=C)
+    try:
+        if name != "quack-scaled-exp":
+            pytest.skip(f"quack-kernels not installed or not an SM90 GPU here ({name})")
+        x, w, targets = make_inputs(N, C, V, Vp, torch.bfloat16, seed=9)
+        x.requires_grad_()
+        linear_cross_entropy(x, w, targets, V, chunk_rows=chunk_rows)  # compiles quack's kernels
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        linear_cross_entropy(x, w, targets, V, chunk_rows=chunk_rows)
+        torch.cuda.synchronize()
+        E_bytes, dw_bytes = chunk_rows * Vp * 2, Vp * C * (4 + 2)  # dW in fp32, then in W's dtype
+        assert torch.cuda.max_memory_allocated() - before < E_bytes + dw_bytes + 64 * 2**20
+    finally:
+        ce._scaled_exp_on_cuda = False
 
 
 @pytest.mark.gpu
