@@ -52,6 +52,23 @@ def test_rounding_matches_hand_computation(bits, random16, expected):
     assert _bits(x) == bits  # the input is not modified
 
 
+@pytest.mark.gpu
+def test_rounding_holds_few_temporaries_on_gpu():
+    """The optimizer rounds buckets of up to 39M elements (d12's wte), so the rounding's temporaries count at
+    the step's memory peak: the round-up mask (1 byte an element) and one int32 tensor at a time, which becomes
+    the result, so 5 bytes an element (the three-term expression it replaced held 13)."""
+    n = 1 << 24
+    x = torch.randn(n, device="cuda")
+    random16 = torch.randint(0, 1 << 16, (n,), dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    rounded = stochastic_round_bf16(x, random16)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 6 * n
+    assert rounded.dtype == torch.float32
+
+
 def test_rounding_is_unbiased_and_bf16():
     """The mean over many draws is the float32 value (5 standard errors), where round-to-nearest is off by
     a whole fraction of an ulp; every output is one of the two bfloat16 neighbours."""
