@@ -65,3 +65,51 @@ def test_setup_on_a_gpu_sets_the_rank_device_first(monkeypatch):
     ctx = distributed.setup("cuda")
     assert ctx.device == torch.device("cuda", 0) and ctx.world_size == 1
     assert selected == [torch.device("cuda", 0)]
+
+
+@pytest.mark.parametrize("user_setting", [None, "expandable_segments:False", "alloc-conf:backend:native"])
+def test_setup_on_a_gpu_configures_the_allocator_before_cuda_starts(monkeypatch, user_setting):
+    """setup() on a CUDA rank (faked) turns on expandable segments before the device is first touched, as
+    PyTorch reads the setting then; a setting of the user's, under either variable's name, is kept."""
+    import gpt2.distributed as distributed
+
+    env_at_set_device = []
+    monkeypatch.setattr(distributed, "resolve_device", lambda device, local_rank=0: torch.device("cuda", local_rank))
+    monkeypatch.setattr(torch.cuda, "set_device",
+                        lambda dev: env_at_set_device.append({k: os.environ.get(k) for k in distributed.ALLOCATOR_ENV}))
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", *distributed.ALLOCATOR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    if user_setting is None:
+        expected = {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    elif user_setting.startswith("alloc-conf:"):
+        monkeypatch.setenv("PYTORCH_ALLOC_CONF", user_setting.removeprefix("alloc-conf:"))
+        expected = {"PYTORCH_ALLOC_CONF": "backend:native", "PYTORCH_CUDA_ALLOC_CONF": None}
+    else:
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", user_setting)
+        expected = {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": user_setting}
+    distributed.setup("cuda")
+    assert env_at_set_device == [expected]
+
+
+def test_setup_on_the_cpu_leaves_the_allocator_alone(monkeypatch):
+    import gpt2.distributed as distributed
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", *distributed.ALLOCATOR_ENV):
+        monkeypatch.delenv(name, raising=False)
+    distributed.setup("cpu")
+    assert not any(os.environ.get(name) for name in distributed.ALLOCATOR_ENV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("user_setting, segments", [(None, 1), ("expandable_segments:False", 2)])
+def test_allocator_setting_takes_effect_on_gpu(user_setting, segments):
+    """In a fresh process, as `python -m gpt2.train` starts: after setup(), two large allocations share one
+    expandable segment; with the user's own setting each gets a segment of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
+    if user_setting:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = user_setting
+    probe = ("import torch; from gpt2.distributed import setup; setup('cuda'); "
+             "a, b = (torch.empty(1 << 28, device='cuda') for _ in range(2)); "
+             "print(sum(s['segment_type'] == 'large' for s in torch.cuda.memory_snapshot()))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) == segments
