@@ -18,8 +18,8 @@ MFU, peak GPU memory and step time:
   kernels-chunk-32768   the kernels path with 32,768-row classifier chunks (fewer, larger matmuls; +1.6 GB)
   kernels-no-graphs     the kernels path with each micro-step launched kernel by kernel instead of replayed
                         as a CUDA graph (gpt2/step.py's MicroStepGraph)
-  kernels-keep-post     the kernels path with 3.3 GB for the MLPs to keep their GELU output for backward
-                        (gpt2.train --keep-mlp-post-gb 3.3: 8 of d12's 12 layers at B=64)
+  kernels-recompute-post  the kernels path with every MLP rebuilding its GELU output in backward instead of
+                        keeping the first layers' (gpt2.train --keep-mlp-post-gb 0)
   kernels-fp8           the kernels path with the blocks' matmuls in FP8 (bench/fp8.py: torchao's float8
                         training, tensorwise scales); needs torchao
   plain                 GPT(use_kernels=False) the way build-nanogpt trains: whole model compiled, PyTorch's
@@ -58,9 +58,11 @@ import kernels.cross_entropy
 from bench.fp8 import convert_blocks_to_fp8
 from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
+from gpt2.distributed import configure_cuda_allocator
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.metrics import flops_per_token, peak_flops
+from gpt2.train_config import TrainConfig
 from kernels import configure_kernels, linear_cross_entropy
 from kernels.attention import enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
@@ -79,7 +81,7 @@ class Variant:
     cuda_graphs: bool = True  # False: micro-steps launched kernel by kernel (gpt2.train --no-cuda-graphs)
     chunk_rows: int | None = None  # classifier rows per chunk; None: kernels.cross_entropy's default
     fp8: bool = False  # the blocks' matmuls in FP8 (bench/fp8.py)
-    keep_mlp_post_gb: float = 0.0  # gpt2.train's keep_mlp_post_gb
+    keep_mlp_post_gb: float = TrainConfig.keep_mlp_post_gb  # gpt2.train's, default included
 
 
 KERNELS_SDPA = ("cudnn", "flash")
@@ -93,7 +95,7 @@ VARIANTS = {
     "kernels-max-autotune": Variant(use_kernels=True, sdpa=KERNELS_SDPA, compile_mode="max-autotune-no-cudagraphs"),
     "kernels-no-graphs": Variant(use_kernels=True, sdpa=KERNELS_SDPA, cuda_graphs=False),
     "kernels-chunk-32768": Variant(use_kernels=True, sdpa=KERNELS_SDPA, chunk_rows=32768),
-    "kernels-keep-post": Variant(use_kernels=True, sdpa=KERNELS_SDPA, keep_mlp_post_gb=3.3),
+    "kernels-recompute-post": Variant(use_kernels=True, sdpa=KERNELS_SDPA, keep_mlp_post_gb=0.0),
     "kernels-fp8": Variant(use_kernels=True, sdpa=KERNELS_SDPA, fp8=True),
     "plain": Variant(use_kernels=False, sdpa=None),
     "plain-fp8": Variant(use_kernels=False, sdpa=None, fp8=True),
@@ -321,6 +323,7 @@ def main() -> None:
                         help="seconds before a part (one variant, the kernel table, ...) is abandoned (default 300)")
     parser.add_argument("--out", default="artifacts/bench", help="folder for JSON, profile and log files")
     args = parser.parse_args()
+    configure_cuda_allocator()  # before CUDA starts, as gpt2.train's set-up does
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
     out_dir = Path(args.out)

@@ -41,6 +41,7 @@ from gpt2 import step as step_fns
 from bench.fp8 import convert_blocks_to_fp8
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
+from gpt2.train_config import TrainConfig
 from kernels import configure_kernels
 
 TOL_ABS = 0.02
@@ -90,7 +91,7 @@ def train_path(descriptor: str, path: Path, batches: torch.Tensor) -> tuple[list
     """-> (loss per step, first step's gradients by parameter name (fp32, CPU, before clipping))."""
     config = GPTConfig.from_descriptor(descriptor)
     configure_kernels(config.n_head, config.head_size, dtype=torch.bfloat16 if path.bf16 else torch.float32,
-                      preference=path.sdpa)
+                      preference=path.sdpa, keep_mlp_post_bytes=TrainConfig.keep_mlp_post_gb * 1e9)  # gpt2.train's
     model = GPT.create(config, seed=42, device="cuda", use_kernels=path.use_kernels)
     if path.fp8:
         convert_blocks_to_fp8(model)

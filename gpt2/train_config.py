@@ -109,9 +109,10 @@ class TrainConfig:
         "forward computes in bfloat16")
     zero1: bool = _opt(False, "ZeRO-1: shard the AdamW state across the DDP ranks (each holds 1/world of it); "
                        "no effect on one process")
-    keep_mlp_post_gb: float = _opt(0.0, "GB of GPU memory the MLPs may spend keeping their GELU output for "
-                                   "backward instead of recomputing it (kernels with the gpu extra); d12 at B=64: "
-                                   "0.4 GB a layer, about 1 ms a step each; 0: none")
+    keep_mlp_post_gb: float = _opt(2.5, "GB of GPU memory the MLPs may spend keeping their GELU output for "
+                                   "backward instead of recomputing it (kernels with the gpu extra), the first "
+                                   "layers as many as fit; d12 at B=64: 0.4 GB a layer, about 1 ms a step each, so "
+                                   "the default keeps 6 of 12; 0: none")
     log_every: int = _opt(1, "print a log line every N steps (metrics.jsonl gets every step)")
     peak_flops: float = _opt(0.0, "peak FLOP/s for MFU; 0: the GPU's bf16 dense peak when known")
 

@@ -13,8 +13,8 @@ post, backward writes dpost from the matmul and reads it back with pre. Inside t
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
 docs/benchmarks.md), and so does the c_fc bias gradient's column-sum pass. pre is kept for backward;
 post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
-with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`; off unless
-configured).
+with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`, within the
+budget configure_mlp is given: gpt2.train's `keep_mlp_post_gb`, 2.5 GB by default).
 
 `configure_mlp` turns the op on for CUDA where quack-kernels (an optional GPU dependency, Hopper and
 newer) is installed and agrees with the reference; elsewhere the fused model keeps the plain MLP, which

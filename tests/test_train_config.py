@@ -139,7 +139,8 @@ def test_pipeline_settings_are_validated_before_any_input_exists():
 
 def test_keep_mlp_post_gb_from_the_command_line_reaches_the_kernels(monkeypatch):
     """`--keep-mlp-post-gb 3.3` as typed becomes the MLPs' memory budget in bytes where gpt2.train configures
-    the kernels on a GPU (configure_kernels is recorded instead of run: this machine has none)."""
+    the kernels on a GPU (configure_kernels is recorded instead of run: this machine has none); without the
+    flag, the default's 2.5 GB; with 0, none."""
     import torch
 
     import kernels
@@ -151,7 +152,7 @@ def test_keep_mlp_post_gb_from_the_command_line_reaches_the_kernels(monkeypatch)
     gpu = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # _configure_cuda sets both
     try:
-        for argv, budget in (([], 0.0), (["--keep-mlp-post-gb", "3.3"], 3.3e9)):
+        for argv, budget in (([], 2.5e9), (["--keep-mlp-post-gb", "3.3"], 3.3e9), (["--keep-mlp-post-gb", "0"], 0.0)):
             config = load_config(argv)
             assert train._configure_cuda(config, config.model_config(), gpu, use_kernels=True) == "recorded"
             assert calls[-1]["keep_mlp_post_bytes"] == pytest.approx(budget)
