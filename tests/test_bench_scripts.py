@@ -81,3 +81,14 @@ def test_run_pipeline_gpu_runs_end_to_end_in_one_command(clone):  # noqa: F811
     assert json.loads((alone / "config.json").read_text())["model"] == pipeline_model  # the run's own config
     with socket.socket() as s:  # the script's server is stopped: its port is free again
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_train_memory_explains_itself_and_refuses_without_a_gpu():
+    """`python -m bench.train_memory --help` prints what its report lines mean; on a machine without CUDA it
+    stops with an error that says so instead of starting a CPU run it cannot measure."""
+    shown = subprocess.run([sys.executable, "-m", "bench.train_memory", "--help"], cwd=REPO,
+                           capture_output=True, text=True, check=True)
+    assert "pool by pool" in shown.stdout and "python -m gpt2.train --help" in shown.stdout
+    run = subprocess.run([sys.executable, "-m", "bench.train_memory", "--model", "d12"], cwd=REPO,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True)
+    assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gpt2.train_config import TrainConfig
 import kernels.mlp as mlp_op
 from tests.fixtures.numerics import rel_err
 
@@ -134,12 +135,15 @@ def test_weight_gradients_are_not_rounded_to_the_activation_dtype():
 
 
 def test_layers_keeping_post_stay_within_the_configured_budget(monkeypatch):
-    """None by default. With 3.3 GB at d12's 65,536 rows a micro-step (0.40 GB of post a layer): 8 of 12; a
-    short run's rows fit every layer; a model whose one layer is over the budget keeps none."""
+    """None without a budget. gpt2.train's default (2.5 GB) at d12's 65,536 rows a micro-step (0.40 GB of post
+    a layer): 6 of 12, as the docs say; 3.3 GB: 8; a short run's rows fit every layer; a model whose one layer
+    is over the budget keeps none."""
     for name in ("_kept_post_bytes", "_gelu_epilogue_on_cuda"):  # restored after the test
         monkeypatch.setattr(mlp_op, name, getattr(mlp_op, name))
     mlp_op.configure_mlp(torch.bfloat16, "cpu", gelu_epilogue=False)
     assert mlp_op.layers_keeping_post(12, 1024, 3072, torch.bfloat16) == 0
+    mlp_op.configure_mlp(torch.bfloat16, "cpu", gelu_epilogue=False, keep_post_bytes=TrainConfig.keep_mlp_post_gb * 1e9)
+    assert mlp_op.layers_keeping_post(12, 65536, 3072, torch.bfloat16) == 6
     mlp_op.configure_mlp(torch.bfloat16, "cpu", gelu_epilogue=False, keep_post_bytes=3.3e9)
     assert mlp_op.layers_keeping_post(12, 65536, 3072, torch.bfloat16) == 8
     assert mlp_op.layers_keeping_post(12, 1024, 3072, torch.bfloat16) == 12
