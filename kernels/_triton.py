@@ -42,14 +42,3 @@ def num_sms(device: torch.device) -> int:
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 2
 
-
-def autotune(kernel, configs: list[dict], key: list[str]):
-    """`triton.autotune` of a jitted kernel over meta-parameter dicts (`num_warps` may be one of the keys);
-    None without Triton. Triton's interpreter cannot benchmark, so callers launch `kernel` itself there."""
-    if triton is None:
-        return None
-    tune_configs = [
-        triton.Config({k: v for k, v in c.items() if k != "num_warps"}, num_warps=c.get("num_warps", 4))
-        for c in configs
-    ]
-    return triton.autotune(tune_configs, key=key)(kernel)

@@ -17,8 +17,9 @@ Backward reads the saved residual and the incoming gradients of `out` and of `re
 d(residual) once: x and y get the same gradient tensor when their dtypes agree (8 bytes per element
 in bf16: read residual, dout, dres, write the gradient), else a second copy in y's dtype. The
 gradients of weight, bias and y_bias are summed per program in fp32 and reduced once at the end;
-the launch shape (rows per iteration, warps) is autotuned on the first call. `y=None` is a plain
-LayerNorm (the first block's ln_1).
+the launch shape (rows per iteration, warps) is a function of C alone (`bwd_launch_shape`), never
+timed per process: the shape sets the order of those sums, and a run resumed in another process must
+sum as the uninterrupted one did. `y=None` is a plain LayerNorm (the first block's ln_1).
 
 `add_layernorm` is the entry point; `add_layernorm_reference` is the plain formula.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import autotune, jit, next_power_of_2, num_sms, tl, use_triton
+from kernels._triton import jit, next_power_of_2, num_sms, tl, use_triton
 
 
 @jit
@@ -123,21 +124,33 @@ def _add_layernorm_bwd_kernel(
         tl.store(partial_ptr + (2 * n_programs + pid) * C + cols, tl.sum(dyb, axis=0), mask=col_mask)
 
 
-# Backward launch shapes tried on the first call per (C, flags). At d12's training shapes on an H200,
-# 2 rows x 4 warps won: 0.22 ms against 0.28, 0.31 and 0.46 (docs/benchmarks.md); on an H100 (2026-11-24)
-# one warp per program won: 181 us for 1 row x 1 warp, 189 for 2 x 1, against 206 for 2 x 4 (a row within
-# one warp needs no shared-memory round trip for its two sums). Triton's interpreter cannot benchmark:
-# there the last (widest) runs, which exercises the row masking.
+# Backward launch shapes the tests and bench_kernels.py's sweep run. At d12's training shapes on an H100
+# (2026-11-24) one warp per program was fastest: 181 us for 1 row x 1 warp, 189 for 2 x 1, against 206 for
+# 2 x 4 (a row within one warp needs no shared-memory round trip for its two sums); on an H200, 2 x 4 beat
+# the 4- and 8-warp shapes (0.22 ms against 0.28, 0.31 and 0.46; docs/benchmarks.md).
 _BWD_CONFIGS = [
     dict(BLOCK_R=1, num_warps=1),
     dict(BLOCK_R=2, num_warps=1),
+    dict(BLOCK_R=1, num_warps=2),  # bwd_launch_shape's for 1,281 to 2,560 columns (d48)
     dict(BLOCK_R=1, num_warps=4),
     dict(BLOCK_R=2, num_warps=4),
     dict(BLOCK_R=2, num_warps=8),
     dict(BLOCK_R=4, num_warps=8),
 ]
-_add_layernorm_bwd_tuned = autotune(
-    _add_layernorm_bwd_kernel, _BWD_CONFIGS, key=["C", "HAS_DRES", "WRITE_DY", "HAS_Y_BIAS"])
+# Columns a warp takes in the backward. The sweep on an H200 (2026-11-26, 65,536 rows): one row of one warp
+# was fastest at 768, 1,024 and 1,280 columns (145, 171, 211 us; the next best 155, 189, 276), two warps at
+# 1,600 (308 us against 515 for one)
+_BWD_COLUMNS_PER_WARP = 1280
+
+
+def bwd_launch_shape(C: int) -> dict:
+    """The backward's launch shape for rows of C columns: one row per iteration, a warp per 1,280 columns.
+    Fixed rather than autotuned, since the shape decides the order in which the weight, bias and c_proj-bias
+    gradients and each row's two means are summed: an autotuner times the shapes afresh in every process
+    and may pick another in a resumed run, or on another rank, than in the first."""
+    return dict(BLOCK_R=1, num_warps=next_power_of_2(-(-C // _BWD_COLUMNS_PER_WARP)))
+
+
 _BWD_PROGRAMS_PER_SM = 8  # persistent grid: few enough programs that their partial sums stay small
 
 
@@ -238,8 +251,8 @@ def add_layernorm_backward(
     has_y_bias: bool = False,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward op's launcher; `config` (one of _BWD_CONFIGS) fixes the launch shape, otherwise
-    it is autotuned on CUDA, and on Triton's interpreter (which cannot benchmark) the widest runs."""
+    """The backward op's launcher; `config` (e.g. one of _BWD_CONFIGS) overrides the launch shape
+    `bwd_launch_shape(C)` (the sweep and the tests run every shape)."""
     N, C = z.shape
     dout, dres = dout.contiguous(), dres.contiguous() if dres is not None else None
     write_dy = _writes_dy(x_dtype, y_dtype)
@@ -260,10 +273,7 @@ def add_layernorm_backward(
     args = (z, weight, mean, rstd, dout, dres if dres is not None else dout, dx, dy if write_dy else dx, partial, N)
     meta = dict(C=C, ROWS_PER_PROGRAM=rows_per_program, HAS_DRES=dres is not None, WRITE_DY=write_dy,
                 HAS_Y_BIAS=has_y_bias, BLOCK_C=next_power_of_2(C))
-    if config is None and z.is_cuda:
-        _add_layernorm_bwd_tuned[(n_programs,)](*args, **meta)
-    else:
-        _add_layernorm_bwd_kernel[(n_programs,)](*args, **meta, **(config or _BWD_CONFIGS[-1]))
+    _add_layernorm_bwd_kernel[(n_programs,)](*args, **meta, **(config or bwd_launch_shape(C)))
     return dx, dy, partial.sum(1).to(weight.dtype)  # one reduction for all
 
 

@@ -143,9 +143,8 @@ def test_same_dtype_gradient_is_written_once_for_x_and_y(dtype):
 
 @pytest.mark.parametrize("y_dtype", [F32, BF16], ids=["dy-shared", "dy-own-dtype"])
 @pytest.mark.parametrize("config", _BWD_CONFIGS, ids=lambda c: f"{c['BLOCK_R']}rows-{c['num_warps']}warps")
-def test_every_tuned_backward_launch_shape_matches_reference(config, y_dtype):
-    """The autotuner may pick any of these on a GPU, so each must be right, not only the one the
-    interpreter runs by default: 37 rows over programs of several rows each (a partial last block of
+def test_every_swept_backward_launch_shape_matches_reference(config, y_dtype):
+    """Each shape the sweep times must be right, not only the one `bwd_launch_shape` picks for C: 37 rows over programs of several rows each (a partial last block of
     BLOCK_R rows, a last program past the end) and C = 100 inside a 128-wide block; with the y bias's
     gradient (the third partial sum), and d(residual) written once or also in y's own dtype."""
     N, C = 37, 100
