@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -126,6 +127,13 @@ def all_reduce_sum(t: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     if ctx.is_distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def broadcast_tensors(tensors: Iterable[torch.Tensor], ctx: DistContext) -> None:
+    """Rank 0's values of `tensors` on every rank, in place (nothing in a single process)."""
+    if ctx.is_distributed:
+        for t in tensors:
+            dist.broadcast(t, src=0)
 
 
 def broadcast_object(obj: Any, ctx: DistContext) -> Any:

@@ -7,8 +7,9 @@
     norm = clip_gradients(model.parameters(), max_norm=1.0)
     optimizer_step(optimizer, lr)
 
-On one CUDA process, `MicroStepGraph(model, grad_accum, device, dtype)` passed as forward_backward's
-`graph` replays each micro-step as a CUDA graph once it has warmed up.
+On CUDA, `MicroStepGraph(model, grad_accum, device, dtype)` passed as forward_backward's `graph` replays
+each micro-step as a CUDA graph once it has warmed up; under torchrun it also averages the gradients over
+the ranks (the model is then not DDP-wrapped).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from contextlib import nullcontext
 from typing import Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -37,7 +39,8 @@ def forward_backward(
     Returns the loss averaged over the micro-batches as a device tensor (reading it is the caller's
     host sync). Gradients are summed into .grad (fp32: the parameters are) as the mean over all
     micro-batches; a DDP-wrapped model all-reduces them in the last micro-batch's backward only.
-    With `graph` (built for this model and grad_accum), each micro-step runs through it.
+    With `graph` (built for this model and grad_accum), each micro-step runs through it and the graph
+    averages the gradients over the ranks once all have run.
     """
     model.train()
     loss_accum = torch.zeros((), device=device)
@@ -54,6 +57,8 @@ def forward_backward(
         micro_steps += 1
     if micro_steps != grad_accum:
         raise ValueError(f"forward_backward got {micro_steps} micro-batches, expected grad_accum={grad_accum}")
+    if graph is not None:
+        graph.gradients.average_over_ranks()
     return loss_accum
 
 
@@ -67,33 +72,63 @@ def _micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: 
     return loss.detach().float()
 
 
+class FlatGradients:
+    """Every trainable parameter's .grad as a view into one flat buffer, handed back to the parameters (zeroed)
+    at each step's first micro-step: backward then adds into fixed addresses, which a CUDA graph replays, and
+    averaging over ranks is one all-reduce of the buffer, as DDP's gradient_as_bucket_view with a single
+    bucket (DDP's own all-reduce runs from autograd hooks, which a replayed graph does not call)."""
+
+    def __init__(self, params: Iterable[torch.Tensor]):
+        self.params = [p for p in params if p.requires_grad]
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) != 1:
+            raise ValueError(f"FlatGradients needs parameters of one dtype, got {sorted(map(str, dtypes))}")
+        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=dtypes.pop(), device=self.params[0].device)
+        self.views, offset = [], 0
+        for p in self.params:
+            self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def attach_zeroed(self) -> None:
+        """Zeroes the buffer and makes the views the parameters' gradients again (optimizer_step drops them)."""
+        self.flat.zero_()
+        for p, g in zip(self.params, self.views):
+            p.grad = g
+
+    def average_over_ranks(self) -> None:
+        """The mean over the process group's ranks, in place (nothing without a group of several): divided
+        first and then summed, as DDP does."""
+        if dist.is_initialized() and (world := dist.get_world_size()) > 1:
+            self.flat.div_(world)
+            dist.all_reduce(self.flat)
+
+
 class MicroStepGraph:
     """A micro-step's forward and backward captured once as a CUDA graph, then replayed for every
     micro-batch: one launch instead of ~800, so the GPU no longer idles while the CPU issues kernels
     (the CuTe DSL kernels of the gpu extra take tens of microseconds of Python each).
 
-    The first `warmup` micro-steps run eagerly (torch.compile compiles, Triton autotunes, the .grad
-    tensors come into being); the next is captured. A graph replays fixed addresses, so inputs are
-    copied into static buffers, and gradients are summed into the same .grad tensors every step: this
-    object keeps them, and at each step's first micro-step zeroes them in place and hands them back
-    to the parameters (optimizer_step drops them). One process only: DDP's gradient all-reduce is not
-    captured.
+    The first `warmup` micro-steps run eagerly (torch.compile compiles, Triton's kernels build); the next
+    is captured. A graph replays fixed addresses, so inputs are copied into static buffers, and gradients
+    are summed into `gradients` (FlatGradients), whose views are the parameters' .grad from every step's
+    first micro-step on, eager or replayed. Under torchrun the model is not DDP-wrapped: forward_backward
+    averages `gradients` over the ranks after the last micro-step, in one all-reduce outside the graph.
     """
 
     def __init__(self, model: nn.Module, grad_accum: int, device: torch.device, dtype: str, warmup: int = 3):
         if isinstance(model, DDP):
-            raise ValueError("MicroStepGraph needs a model without DDP (one process); "
-                             "use forward_backward's eager path")
+            raise ValueError("MicroStepGraph averages gradients over ranks itself; pass the model without DDP")
         self.model, self.grad_accum, self.device, self.dtype = model, grad_accum, device, dtype
         self.warmup = warmup
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.grads: list[torch.Tensor] = []
+        self.gradients = FlatGradients(model.parameters())
         self.static_x = self.static_y = self.static_loss = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, first: bool) -> torch.Tensor:
         """This micro-batch's loss / grad_accum (a device tensor that the next call overwrites)."""
+        if first:
+            self.gradients.attach_zeroed()
         if self.graph is None and self.eager_steps < self.warmup:
             self.eager_steps += 1
             # contiguous like the static buffers: a compiled model guards on its inputs' strides
@@ -101,10 +136,6 @@ class MicroStepGraph:
                                autocast_cache=False)
         if self.graph is None:
             self._capture(x, y)
-        elif first:
-            torch._foreach_zero_(self.grads)
-            for p, g in zip(self.params, self.grads):
-                p.grad = g
         self.static_x.copy_(x, non_blocking=True)
         self.static_y.copy_(y, non_blocking=True)
         self.graph.replay()
@@ -112,18 +143,17 @@ class MicroStepGraph:
 
     def _capture(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Records one micro-step (capturing runs nothing: the caller replays it for this batch)."""
-        # gradients that do not exist yet (a step's first micro-step, an unused parameter) start at
-        # zero outside the graph's memory pool, so backward adds into them in place
-        self.grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        for p, g in zip(self.params, self.grads):
-            p.grad = g
         self.static_x = torch.empty(x.shape, dtype=x.dtype, device=self.device)  # contiguous
         self.static_y = torch.empty(y.shape, dtype=y.dtype, device=self.device)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager micro-steps' cached blocks: the graph's pool replaces them
         self.graph = torch.cuda.CUDAGraph()
+        # under torchrun, NCCL's watchdog thread queries its events meanwhile, which a capture in the default
+        # (global) mode would take as an illegal call: only this thread's calls are checked then
+        mode = "thread_local" if dist.is_initialized() else "global"
         # a compile inside the capture cannot run (it reads values back to the host): say so if one is due
-        with torch._dynamo.config.patch(error_on_recompile=True), torch.cuda.graph(self.graph):
+        with torch._dynamo.config.patch(error_on_recompile=True), \
+                torch.cuda.graph(self.graph, capture_error_mode=mode):
             # no autocast cast cache (it would outlive the capture's memory), as in the warm-up: a compiled
             # model guards on autocast's state
             self.static_loss = _micro_step(self.model, self.static_x, self.static_y, self.grad_accum, self.device,

@@ -3,8 +3,9 @@
     python -m gpt2.train --config run.yaml --max-steps 100
     torchrun --standalone --nproc_per_node=8 -m gpt2.train --train-data 'shards/*_train_*.bin' ...
 
-Each optimizer step accumulates `total_batch_size / (B * T * world_size)` micro-batches; DDP all-reduces
-gradients on the last one only. The run directory (`--out-dir`, laid out by gpt2.run_dir) is locked for
+Each optimizer step accumulates `total_batch_size / (B * T * world_size)` micro-batches; gradients are
+averaged over the ranks once per step (by the CUDA graph's FlatGradients, or by DDP on the last micro-batch
+without graphs). The run directory (`--out-dir`, laid out by gpt2.run_dir) is locked for
 the session; a run restarted in the same directory resumes from its newest checkpoint that verifies and
 continues bit-exactly. A new run starts from `--init-from`'s weights when given. See docs/training.md.
 """
@@ -30,7 +31,8 @@ from gpt2 import evaluate
 from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
 from gpt2.distributed import (
-    DistContext, all_reduce_mean, autocast_dtype, broadcast_object, gather_objects, setup, teardown,
+    DistContext, all_reduce_mean, autocast_dtype, broadcast_object, broadcast_tensors, gather_objects, setup,
+    teardown,
 )
 from gpt2.guard import OutlierGuard
 from gpt2.metrics import MetricsLogger, flops_per_token, peak_flops
@@ -43,13 +45,13 @@ from gpt2.weights import load_model
 
 def _resolve_flags(config: TrainConfig, ctx: DistContext) -> tuple[bool, bool, bool]:
     """(compile, kernels, cuda_graphs): explicit values win; otherwise compile and kernels are on for CUDA
-    and off for the CPU, and CUDA graphs are on wherever compile is, on one process."""
+    and off for the CPU, and CUDA graphs are on wherever compile is on CUDA, one process or several."""
     on_cuda = ctx.device.type == "cuda"
     use_compile = on_cuda if config.compile is None else config.compile
     use_kernels = on_cuda if config.kernels is None else config.kernels
     use_graphs = config.cuda_graphs
-    if use_graphs is None:  # DDP's gradient all-reduce is not captured
-        use_graphs = use_compile and on_cuda and not ctx.is_distributed
+    if use_graphs is None:
+        use_graphs = use_compile and on_cuda
     if use_graphs and not on_cuda:
         raise ConfigError(f"cuda_graphs needs a CUDA device, this run is on {ctx.device}; drop --cuda-graphs")
     return use_compile, use_kernels, use_graphs
@@ -133,7 +135,7 @@ class _Run:
     """What a training run is made of once built (or restored from a checkpoint)."""
 
     raw_model: GPT  # the plain module: state dicts, evaluation with varying shapes, sampling
-    model: nn.Module  # what the training step calls: possibly compiled and DDP-wrapped
+    model: nn.Module  # what the training step calls: possibly compiled, and DDP-wrapped without CUDA graphs
     optimizer: torch.optim.Optimizer
     guard: OutlierGuard
     train_loader: Any
@@ -142,8 +144,9 @@ class _Run:
 
 
 def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, use_compile: bool,
-               use_kernels: bool, master_weights: bool, start: _Start) -> _Run:
-    """Model, optimizer, guard and loaders: fresh, from `init_from`'s weights, or from a checkpoint."""
+               use_kernels: bool, use_graphs: bool, master_weights: bool, start: _Start) -> _Run:
+    """Model, optimizer, guard and loaders: fresh, from `init_from`'s weights, or from a checkpoint. Several
+    ranks: DDP averages the gradients, unless CUDA graphs replay the micro-steps (MicroStepGraph does it)."""
     state = start.state
     if state is not None:
         raw_model = ckpt.model_from_state(state, ctx.device, use_kernels=use_kernels)
@@ -151,6 +154,8 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
         raw_model = start.weights.to(ctx.device)
     else:
         raw_model = GPT.create(model_config, seed=config.seed, device=ctx.device, use_kernels=use_kernels)
+    if use_graphs:  # no DDP to start every rank from rank 0's weights (and the masters made from them)
+        broadcast_tensors(raw_model.state_dict().values(), ctx)
     optimizer = configure_optimizer(raw_model, config.lr, config.weight_decay, (config.beta1, config.beta2),
                                     config.eps, fused=ctx.device.type == "cuda",
                                     zero1=config.zero1 and ctx.is_distributed,
@@ -173,8 +178,9 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
         ckpt.restore_rng_state(state["rng"][rank])
 
     model: nn.Module = torch.compile(raw_model) if use_compile else raw_model
-    if ctx.is_distributed:
+    if ctx.is_distributed and not use_graphs:
         model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
+
     start_step = state["step"] if state is not None else 0
     return _Run(raw_model, model, optimizer, guard, train_loader, val_loader, start_step)
 
@@ -238,7 +244,7 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
     torch.manual_seed(config.seed)
     sdpa_backend = _configure_cuda(config, model_config, ctx, use_kernels)
     start = _starting_point(run_dir, config, model_config, ctx, use_kernels)
-    run = _build_run(config, model_config, ctx, use_compile, use_kernels, master_weights, start)
+    run = _build_run(config, model_config, ctx, use_compile, use_kernels, use_graphs, master_weights, start)
     graph = step_fns.MicroStepGraph(run.model, grad_accum, ctx.device, config.dtype) if use_graphs else None
 
     num_params = run.raw_model.num_parameters()

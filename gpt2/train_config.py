@@ -101,8 +101,9 @@ class TrainConfig:
                       "bfloat16 or float32; weights, gradients and optimizer state are float32 tensors")
     compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
     kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
-    cuda_graphs: bool | None = _opt(None, "replay each micro-step as a CUDA graph (CUDA, one process); "
-                                    "default: on where compile is, on one process")
+    cuda_graphs: bool | None = _opt(None, "replay each micro-step as a CUDA graph (CUDA; under torchrun the "
+                                    "gradients are then averaged in one all-reduce per step instead of by "
+                                    "DDP); default: on where compile is on CUDA")
     master_weights: bool | None = _opt(
         None, "llm.c's -w: AdamW updates float32 master weights and the forward pass reads them stochastically "
         "rounded to bfloat16; off: the forward casts the float32 weights round-to-nearest; default: on when the "
@@ -271,9 +272,6 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
         problems.append(f"beta1/beta2 must lie in [0, 1), got {config.beta1}/{config.beta2}")
     if config.cuda_graphs and config.device == "cpu":
         problems.append("cuda_graphs needs a CUDA device, this run is on the CPU; drop --cuda-graphs")
-    if config.cuda_graphs and world_size > 1:
-        problems.append(f"cuda_graphs needs one process (DDP's gradient all-reduce is not captured), this run has "
-                        f"{world_size}; drop --cuda-graphs (the default turns them off for several processes)")
 
     if model.vocab_size != VOCAB_SIZE:  # samples and HellaSwag are GPT-2 tokens
         uses_tokenizer = {"sample_every": config.sample_every,

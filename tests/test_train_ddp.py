@@ -113,3 +113,20 @@ def test_allocator_setting_takes_effect_on_gpu(user_setting, segments):
              "print(sum(s['segment_type'] == 'large' for s in torch.cuda.memory_snapshot()))")
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
     assert int(out.stdout.split()[-1]) == segments
+
+
+@pytest.mark.slow
+def test_graph_step_averages_gradients_over_ranks_as_ddp_does():
+    """With CUDA graphs, the model is not DDP-wrapped: MicroStepGraph's FlatGradients averages the gradients
+    over the ranks itself. Two real gloo ranks, two steps of two micro-batches each: every gradient equals
+    DDP's bit for bit, in the second step too (the buffer is zeroed and handed back, not summed on)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "tests.fixtures.train.graph_gradients_rank"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [s["step"] for s in steps] == [0, 1]
+    for s in steps:
+        differ = [name for name, equal in s["equal"].items() if not equal]
+        assert not differ, f"step {s['step']}: gradients differ from DDP's: {differ}"
