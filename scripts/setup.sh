@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create (or refresh) the project's virtual environment in .venv.
-# Idempotent: skips the install when pyproject.toml has not changed since the last one.
+# Idempotent: skips the install when pyproject.toml (and the GPU found) have not changed since the last one.
 # On a machine without a GPU the CPU build of torch goes in first, so that the
-# dependency resolver never pulls several GB of CUDA wheels.
+# dependency resolver never pulls several GB of CUDA wheels. Where an NVIDIA Hopper GPU (H100, H200:
+# compute capability 9.x) is present, the `gpu` extra goes in too: FlashAttention-4's backward and
+# quack-kernels' GEMM epilogues, the fast path of `gpt2.train` (docs/kernels.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,20 +12,31 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_CPU_VERSION=${TORCH_CPU_VERSION:-2.13.0}
 
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1; }
+has_hopper_gpu() { has_gpu && nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.'; }
+
+extras=test
+if has_hopper_gpu; then
+    extras=test,gpu
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     echo "[setup] creating $VENV with $($PYTHON --version)"
     "$PYTHON" -m venv "$VENV"
 fi
-stamp="$VENV/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
+# the stamp names what was installed: pyproject.toml's content, and the gpu extra where it went in
+stamp="$VENV/.installed-$({ cat pyproject.toml; [ "$extras" = test ] || echo "$extras"; } | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then
     exit 0
 fi
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
-if ! command -v nvidia-smi >/dev/null 2>&1; then
+if ! has_gpu; then
     echo "[setup] no GPU: installing the CPU build of torch $TORCH_CPU_VERSION"
     "${pip[@]}" "torch==$TORCH_CPU_VERSION"
 fi
+if [ "$extras" = test,gpu ]; then
+    echo "[setup] NVIDIA Hopper GPU found: installing the gpu extra too (flash-attn-4, quack-kernels: the fast path)"
+fi
 echo "[setup] installing the project and its test dependencies"
-"${pip[@]}" -e ".[test]"
+"${pip[@]}" -e ".[$extras]"
 rm -f "$VENV"/.installed-*
 touch "$stamp"
