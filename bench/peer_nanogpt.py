@@ -13,10 +13,12 @@ outside the training step:
 
 Its data loader reads `edu_fineweb10B/*.npy`; random uint16 tokens are written there. Its step is
 d12, B=64, T=1024, 524,288 tokens (grad accumulation 8 on one GPU), bf16 autocast, TF32 'high',
-fused AdamW, clip 1.0, default SDPA dispatch. Prints the median of its own tok/sec over steps
---skip.. and the peak GPU memory nvidia-smi saw, and writes them to --out as JSON.
+fused AdamW, clip 1.0, default SDPA dispatch. With --nproc N it runs under torchrun, one process a GPU, as
+its README says (DDP; the same 524,288 tokens a step, grad accumulation 8/N). Prints the median of its own
+tok/sec (all GPUs together) over steps --skip.. and the peak GPU memory nvidia-smi saw on the first GPU,
+and writes them to --out as JSON.
 
-    python -m bench.peer_nanogpt --source ../.perf-peer --steps 30 --skip 10
+    python -m bench.peer_nanogpt --source ../.perf-peer --steps 30 --skip 10 [--nproc 4]
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps to run (default 30)")
     parser.add_argument("--skip", type=int, default=10, help="first steps left out of the median (default 10)")
     parser.add_argument("--python", default=sys.executable, help="interpreter to run it with")
+    parser.add_argument("--nproc", type=int, default=1,
+                        help="GPUs: 1 runs the script itself, more run it under torchrun (default 1)")
     parser.add_argument("--out", help="write the result to this JSON file")
     args = parser.parse_args()
     script = patched_script((Path(args.source) / "train_gpt2.py").read_text(), args.steps)
@@ -96,8 +100,9 @@ def main() -> None:
         (workdir / "train_gpt2.py").write_text(script)
         write_shards(workdir, args.steps)
         memory = GpuMemoryPeak()
-        proc = subprocess.Popen([args.python, "train_gpt2.py"], cwd=workdir, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
+        proc = subprocess.Popen([args.python, *(launcher if args.nproc > 1 else []), "train_gpt2.py"], cwd=workdir,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         steps = {}
         for line in proc.stdout:
             print(line, end="", flush=True)
@@ -108,7 +113,7 @@ def main() -> None:
     timed = [steps[s] for s in sorted(steps) if s >= args.skip]
     if code != 0 or not timed:
         sys.exit(f"build-nanogpt's train_gpt2.py exited with {code} after {len(steps)} logged steps")
-    result = {"peer": "build-nanogpt train_gpt2.py (torch.compile)", "timed_steps": len(timed),
+    result = {"peer": "build-nanogpt train_gpt2.py (torch.compile)", "gpus": args.nproc, "timed_steps": len(timed),
               "tokens_per_s": statistics.median(t for _, t in timed),
               "step_ms": statistics.median(ms for ms, _ in timed), "nvidia_smi_peak_gb": peak_gb}
     print(json.dumps(result), flush=True)
