@@ -33,19 +33,26 @@ exec {sys.executable} "$@"
 """
 
 
+def run_train_gpu(tmp_path: Path, python_stub: str, nvidia_smi_stub: str, **env: str) -> subprocess.CompletedProcess:
+    """bench/run_train_gpu.sh with stand-ins for the host's python and nvidia-smi first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(python_stub)
+    (bin_dir / "nvidia-smi").write_text(nvidia_smi_stub)
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
+           "OUT": str(tmp_path / "out"), **env}
+    return subprocess.run(["bash", "bench/run_train_gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
 def test_run_train_gpu_defaults_pass_gpt2_train_validation(tmp_path):
     from gpt2.train_config import load_config, validate
 
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(STUB_PYTHON)
-    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'name, driver_version, memory.total'\n")
-    for stub in bin_dir.iterdir():
-        stub.chmod(0o755)
-    record, out = tmp_path / "torchrun_args", tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
-           "OUT": str(out), "RECORD": str(record)}
-    subprocess.run(["bash", "bench/run_train_gpu.sh"], cwd=REPO, env=env, capture_output=True, text=True)
+    record = tmp_path / "torchrun_args"
+    run_train_gpu(tmp_path, STUB_PYTHON, "#!/usr/bin/env bash\necho 'name, driver_version, memory.total'\n",
+                  RECORD=str(record))
     args = record.read_text().splitlines()
     flags = args[args.index("gpt2.train") + 1:]
     config = load_config(flags)
@@ -92,3 +99,54 @@ def test_train_memory_explains_itself_and_refuses_without_a_gpu():
     run = subprocess.run([sys.executable, "-m", "bench.train_memory", "--model", "d12"], cwd=REPO,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True)
     assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr
+
+
+STUB_TRAINERS = f"""#!/usr/bin/env bash
+# a 4-GPU host's python for the bench script: gpt2.train writes the records of a run of 1 GPU at 800 ms a step
+# and of N GPUs at 205 ms; build-nanogpt reads 1000 ms on 1 GPU and 260 on N
+if [ "$1" = -c ] && [[ "$2" == *device_count* ]]; then echo 4; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then
+    exec {sys.executable} -c '
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+world = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
+out = Path(args[args.index("--out-dir") + 1])
+out.mkdir(parents=True)
+ms = 800.0 if world == 1 else 205.0
+(out / "config.json").write_text(json.dumps({{"model": "d12", "batch_size": 64, "seq_len": 1024,
+    "total_batch_size": 524288, "resolved": {{"world_size": world, "grad_accum_steps": 8 // world, "kernels": True,
+    "compile": True, "cuda_graphs": True, "sdpa_backend": "cudnn", "gpu": "stub", "torch": "stub"}}}}))
+records = [{{"kind": "train", "step": s, "ms": ms, "tok_s": 524288 / ms * 1e3, "mfu": 0.5, "peak_mem_gb": 19.0}}
+           for s in range(int(args[args.index("--max-steps") + 1]))]
+(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
+' "$@"
+fi
+if [ "$1" = -m ] && [ "$2" = bench.peer_nanogpt ]; then
+    exec {sys.executable} -c '
+import json, sys
+args = sys.argv[1:]
+n = int(args[args.index("--nproc") + 1])
+ms = 1000.0 if n == 1 else 260.0
+json.dump({{"gpus": n, "tokens_per_s": 524288 / ms * 1e3, "step_ms": ms, "nvidia_smi_peak_gb": 50.0}},
+          open(args[args.index("--out") + 1], "w"))
+' "$@"
+fi
+exec {sys.executable} "$@"
+"""
+
+
+def test_run_train_gpu_prints_our_scaling_and_the_peers_from_one_command(tmp_path):
+    """`PEER=... bench/run_train_gpu.sh` on a 4-GPU host (stand-ins for the trainers and nvidia-smi) runs both
+    trainers on 1 and 4 GPUs and prints each one's scaling and ours against the peer per GPU count."""
+    smi = "#!/usr/bin/env bash\n[[ \"$*\" == *memory.used* ]] && printf '21000\\n22000\\n'; true\n"
+    result = run_train_gpu(tmp_path, STUB_TRAINERS, smi, PEER=str(tmp_path / "build-nanogpt"), STEPS="12", SKIP="2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # ours: 800 / 205 = 3.902x; the peer: 1000 / 260 = 3.846x; per GPU count: 1000 / 800 and 260 / 205
+    assert "scaling 4 GPUs / 1 GPU, gpt2.train: 3.902x = 0.976 per GPU" in result.stdout, result.stdout
+    assert "scaling 4 GPUs / 1 GPU, build-nanogpt: 3.846x = 0.962 per GPU" in result.stdout, result.stdout
+    assert "gpt2.train / build-nanogpt on 1 GPU(s): 1.250x" in result.stdout
+    assert "gpt2.train / build-nanogpt on 4 GPU(s): 1.268x" in result.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [r["nvidia_smi_peak_mib"] for r in summary["runs"]] == [22000, 22000]
+    assert summary["peer_scaling"] == pytest.approx(1000 / 260)
