@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch

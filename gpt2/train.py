@@ -180,7 +180,6 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
     model: nn.Module = torch.compile(raw_model) if use_compile else raw_model
     if ctx.is_distributed and not use_graphs:
         model = DDP(model, device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None)
-
     start_step = state["step"] if state is not None else 0
     return _Run(raw_model, model, optimizer, guard, train_loader, val_loader, start_step)
 
