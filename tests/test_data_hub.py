@@ -269,6 +269,36 @@ def test_a_file_damaged_on_disk_after_the_download_is_fetched_again_alone(hub, t
     assert_complete(hub, out, hub.main, tmp_path)
 
 
+def test_a_rerun_keeps_the_recorded_commit_without_asking_the_hub_for_it(hub, tmp_path, monkeypatch):
+    """A damaged file of a finished download is fetched again from the recorded commit, not the branch's newest."""
+    import huggingface_hub
+
+    from data import fineweb
+    from tests.fixtures.hub_replica import point_clients_at
+
+    point_clients_at(hub.url, monkeypatch)
+    out = fineweb.download(DATASET, "sample-10BT", tmp_path / "raw")
+    hub.add_commit(DATASET, {"README.md": hub.repos[DATASET].commits[hub.main].files["README.md"]})  # main moves
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda *a, **k: pytest.fail("asked the hub"))
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", lambda *a, **k: pytest.fail("asked the hub"))
+    (out / "part_00002.parquet").unlink()
+    hub.reset_counts()
+    fineweb.download(DATASET, "sample-10BT", out)
+    assert [path.split("/resolve/")[1] for _, path, _ in hub.requests] == [
+        f"{hub.main}/{list(repo_files(hub, hub.main))[2]}"]
+    assert_complete(hub, out, hub.main, tmp_path)
+
+
+def test_a_folder_of_another_revision_is_refused_naming_the_difference_or_replaced(hub, tmp_path):
+    out = tmp_path / "raw"
+    run_download(hub, tmp_path, out, "--revision", hub.old)
+    result = run_download(hub, tmp_path, out, check=False)
+    assert result.returncode != 0
+    assert f"requested_revision: recorded {hub.old!r}, requested None" in result.stderr and "--replace" in result.stderr
+    run_download(hub, tmp_path, out, "--replace")
+    assert_complete(hub, out, hub.main, tmp_path)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the streaming path (data.shards --source HuggingFaceFW/...) reads the pinned revision through `datasets`
 
