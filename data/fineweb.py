@@ -7,8 +7,10 @@ jsonl files with a `text` column it reads those, in sorted file order. Both go t
 and `limit` code. `parse_source` says which a string names; `source_identity` is what the documents are
 by content (local file bytes, or hub id + config + resolved revision).
 
-`download` copies a (possibly limited) stream into a local parquet cache, resumably, so that later
-stages and reruns work offline.
+`download` makes a local copy that later stages and reruns read offline: of a hub dataset, its parquet
+files at one commit, fetched in parallel through huggingface_hub, resumed byte-exactly after any
+interruption and checked against the hub's sha256 (`download_hub`); of a local corpus, parts of it
+(`copy_local`).
 
 CLI: `python -m data.fineweb --help`.
 """

@@ -86,11 +86,11 @@ def data_bytes_served(replica: HubReplica) -> int:
 def assert_complete(replica: HubReplica, out: Path, sha: str, tmp_path: Path) -> dict:
     """The folder holds the config's files at `sha`, byte for byte, and its manifest says so."""
     files = repo_files(replica, sha)
+    assert documents(out) == texts_of(files, tmp_path)
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["hub"], manifest["config"], manifest["revision"]) == (DATASET, "sample-10BT", sha)
     assert [(f["path"], f["sha256"], f["size"]) for f in manifest["files"]] == [
         (p, hashlib.sha256(b).hexdigest(), len(b)) for p, b in files.items()]
-    assert documents(out) == texts_of(files, tmp_path)
     return manifest
 
 
