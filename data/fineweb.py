@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tqdm import tqdm
 
@@ -39,6 +40,7 @@ TEXT_COLUMN = "text"
 
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DocumentError(ValueError):
@@ -485,11 +487,25 @@ def _fetch_attempt(url: str, partial: Path, file: HubFile) -> None:
                  displayed_filename=file.path)
 
 
+def retry_transient(what: str, call: Callable[[], T]) -> T:
+    """`call()`, retried after 1, 2, 4, 8 s while it fails transiently (common.network); its last error raised."""
+    from common.network import is_transient_network_error
+
+    for attempt in itertools.count(1):
+        try:
+            return call()
+        except Exception as e:
+            if attempt == FILE_ATTEMPTS or not is_transient_network_error(e):
+                raise
+            logger.warning("%s: %s: %s; retrying in %d s", what, type(e).__name__, e, 2 ** (attempt - 1))
+            time.sleep(2 ** (attempt - 1))
+
+
 def fetch_hub_file(repo_id: str, sha: str, file: HubFile, dest: Path) -> None:
     """`file` of commit `sha` at `dest`, verified against the hub's hash; resumes `dest`'s partial file.
 
-    Transient failures (see common.network) are retried FILE_ATTEMPTS times, each resuming what is on disk;
-    then DownloadInterrupted (transient, the bytes kept). A hub refusal (4xx) is HubFileError at once. A
+    Transient failures are retried (`retry_transient`), each attempt resuming what is on disk; then
+    DownloadInterrupted (transient, the bytes kept). A hub refusal (an HTTP 4xx) is HubFileError at once. A
     file whose hash differs from the hub's is fetched again from scratch once, then HubFileError names both.
     """
     from huggingface_hub import hf_hub_url
@@ -498,30 +514,26 @@ def fetch_hub_file(repo_id: str, sha: str, file: HubFile, dest: Path) -> None:
 
     url = hf_hub_url(repo_id, file.path, repo_type="dataset", revision=sha)
     partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
-    for verification in range(2):
-        for attempt in range(FILE_ATTEMPTS):
-            try:
-                _fetch_attempt(url, partial, file)
-                break
-            except Exception as e:
+    where = f"{repo_id}: {file.path} at {sha}"
+    for _ in range(2):
+        try:
+            retry_transient(file.path, lambda: _fetch_attempt(url, partial, file))
+        except Exception as e:
+            if is_transient_network_error(e):
                 kept = partial.stat().st_size if partial.exists() else 0
-                if not is_transient_network_error(e):
-                    raise HubFileError(f"{repo_id}: {file.path} at {sha}: {e} (HTTP {http_status(e)}); not "
-                                       f"retried: the hub refuses it") from e
-                if attempt == FILE_ATTEMPTS - 1:
-                    raise DownloadInterrupted(f"{repo_id}: {file.path} at {sha}: {type(e).__name__}: {e}, "
-                                              f"{FILE_ATTEMPTS} attempts; {kept:,} of {file.size:,} bytes kept in "
-                                              f"{partial}: rerun the same command to resume") from e
-                logger.warning("%s: %s; %s of %s bytes kept, retrying", file.path, e, f"{kept:,}", f"{file.size:,}")
-                time.sleep(2 ** attempt)
+                raise DownloadInterrupted(f"{where}: {type(e).__name__}: {e}, {FILE_ATTEMPTS} attempts; {kept:,} of "
+                                          f"{file.size:,} bytes kept in {partial}: rerun the same command to resume") from e
+            if http_status(e) is not None:
+                raise HubFileError(f"{where}: HTTP {http_status(e)} ({e}); not retried: the hub refuses it") from e
+            raise  # a local failure (a full disk, a permission): its own error names it
         expected, actual = file.digest_of(partial)
         if expected == actual:
             os.replace(partial, dest)
             return
         partial.unlink()
         logger.warning("%s: hash %s, but the hub records %s; fetching it again", file.path, actual, expected)
-    raise HubFileError(f"{repo_id}: {file.path} at {sha} hashes to {actual} twice, but the hub records {expected}; "
-                       f"nothing was kept. The hub's copy or the way to it is damaged: retry later")
+    raise HubFileError(f"{where} hashes to {actual} twice, but the hub records {expected}; nothing was kept. "
+                       f"The hub's copy or the way to it is damaged: retry later")
 
 
 def _verified(dest: Path, file: HubFile) -> bool:
@@ -594,8 +606,8 @@ def download_hub(
     if recorded:
         sha, listing = recorded["revision"], [HubFile(**f) for f in recorded["listing"]]
     else:
-        sha = resolve_hub_revision(repo_id, revision)
-        listing = list_hub_files(repo_id, sha, config)
+        sha = retry_transient(repo_id, lambda: resolve_hub_revision(repo_id, revision))
+        listing = retry_transient(f"{repo_id} at {sha}", lambda: list_hub_files(repo_id, sha, config))
     identity = {**request, "revision": sha, "listing": [f.__dict__ for f in listing]}
     write_json(progress_path, {**identity, "limit": limit})
     manifest_path.unlink(missing_ok=True)

@@ -199,15 +199,24 @@ def test_a_download_killed_at_a_random_byte_resumes_fetching_only_the_missing_by
     dict(kind="status", status=500, times=2),
     dict(kind="reset", after_bytes=20_000),
     dict(kind="short", after_bytes=30_000),
-    dict(kind="slow", delay_s=4),  # past HF_HUB_DOWNLOAD_TIMEOUT=1: a read timeout, retried
+    dict(kind="slow", delay_s=6),  # past HF_HUB_DOWNLOAD_TIMEOUT=2: a read timeout, retried
 ], ids=["503", "500-twice", "reset-mid-file", "short-body", "slow-past-timeout"])
 def test_a_transient_fault_is_retried_and_the_download_completes(hub, tmp_path, fault):
     target = list(repo_files(hub, hub.main))[1]
     hub.inject(path=target, **fault)
     out = tmp_path / "raw"
-    run_download(hub, tmp_path, out, HF_HUB_DOWNLOAD_TIMEOUT="1")
+    run_download(hub, tmp_path, out, HF_HUB_DOWNLOAD_TIMEOUT="2")
     assert_complete(hub, out, hub.main, tmp_path)
     assert not [f for f in hub.faults if f.times > 0], "the fault was never hit"
+
+
+def test_a_5xx_from_the_hub_api_is_retried(hub, tmp_path):
+    hub.inject("status", "/api/datasets/*/revision/*", status=502)
+    hub.inject("status", "/api/datasets/*/tree/*", status=503)
+    out = tmp_path / "raw"
+    run_download(hub, tmp_path, out, "--revision", "main")
+    assert_complete(hub, out, hub.main, tmp_path)
+    assert not [f for f in hub.faults if f.times > 0], "a fault was never hit"
 
 
 def test_a_file_that_keeps_failing_is_named_and_its_partial_bytes_are_kept(hub, tmp_path):
