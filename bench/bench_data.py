@@ -103,8 +103,10 @@ def run_llmc(llmc: Path, corpus: Path, work: Path, shard_size: int) -> tuple[dic
     env = {**os.environ, "PYTHONPATH": str(stubs), "BENCH_CORPUS": str(corpus)}
 
     def run() -> None:
-        subprocess.run([sys.executable, "fineweb.py", "-t", "classic", "-v", "10B", "-s", str(shard_size)],
-                       cwd=scratch, env=env, check=True, stdout=subprocess.DEVNULL)
+        result = subprocess.run([sys.executable, "fineweb.py", "-t", "classic", "-v", "10B", "-s", str(shard_size)],
+                                cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if result.returncode:  # its progress bars are on stderr too: show the end, where the error is
+            raise SystemExit(f"llm.c's fineweb.py failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
 
     return measure(run), scratch / "fineweb10B"
 
