@@ -18,6 +18,7 @@ CLI: `python -m data.fineweb --help`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -395,11 +396,9 @@ class HubFile:
         """(what the hub records, what the local file hashes to), in the same kind of hash."""
         if self.sha256:
             return self.sha256, sha256_file(path)
-        h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-        return self.blob_sha1, h.hexdigest()
+        with open(path, "rb") as f:  # git's blob id: sha1 of a "blob SIZE\0" header, then the bytes
+            blob = hashlib.file_digest(f, lambda: hashlib.sha1(b"blob %d\0" % path.stat().st_size))
+        return self.blob_sha1, blob.hexdigest()
 
     def record(self, index: int) -> dict:
         return {"file": _part_path(Path(), index).name, "path": self.path, "size": self.size, "sha256": self.sha256,
@@ -608,7 +607,7 @@ def download_hub(
     else:
         sha = retry_transient(repo_id, lambda: resolve_hub_revision(repo_id, revision))
         listing = retry_transient(f"{repo_id} at {sha}", lambda: list_hub_files(repo_id, sha, config))
-    identity = {**request, "revision": sha, "listing": [f.__dict__ for f in listing]}
+    identity = {**request, "revision": sha, "listing": [dataclasses.asdict(f) for f in listing]}
     write_json(progress_path, {**identity, "limit": limit})
     manifest_path.unlink(missing_ok=True)
 
