@@ -249,6 +249,8 @@ def main() -> None:
     if not args.llmc or not (args.llmc.is_file() and (args.llmc.parent / "data_common.py").is_file()):
         parser.error(f"--llmc must name llm.c's dev/data/fineweb.py, with data_common.py beside it (got {args.llmc})")
 
+    if os.environ.get("TIKTOKEN_CACHE_DIR"):  # llm.c's script runs in a scratch folder: a relative path would miss
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(Path(os.environ["TIKTOKEN_CACHE_DIR"]).resolve())
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         started = time.time()
