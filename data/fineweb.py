@@ -7,8 +7,10 @@ jsonl files with a `text` column it reads those, in sorted file order. Both go t
 and `limit` code. `parse_source` says which a string names; `source_identity` is what the documents are
 by content (local file bytes, or hub id + config + resolved revision).
 
-`download` copies a (possibly limited) stream into a local parquet cache, resumably, so that later
-stages and reruns work offline.
+`download` makes a local copy that later stages and reruns read offline: of a hub dataset, its parquet
+files at one commit, fetched in parallel through huggingface_hub, resumed byte-exactly after any
+interruption and checked against the hub's sha256 (`download_hub`); of a local corpus, parts of it
+(`copy_local`).
 
 CLI: `python -m data.fineweb --help`.
 """
@@ -16,13 +18,17 @@ CLI: `python -m data.fineweb --help`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import itertools
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from tqdm import tqdm
 
@@ -35,6 +41,7 @@ TEXT_COLUMN = "text"
 
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DocumentError(ValueError):
@@ -220,6 +227,9 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
 # ---------------------------------------------------------------------------------------------------------
 # local parquet cache
 
+DOWNLOAD_WORKERS = 8  # files fetched at once (snapshot_download's default)
+FILE_ATTEMPTS = 5  # per file: a transient failure is retried, resuming the partial file, after 1, 2, 4, 8 s
+PARTIAL_SUFFIX = ".partial"
 DOWNLOAD_MANIFEST = "manifest.json"
 DOWNLOAD_PROGRESS = "download.json"  # what an unfinished download is for; replaced by the manifest at the end
 
@@ -258,18 +268,6 @@ def refuse_or_clear(path: Path, difference: str, replace: bool, clear: Callable[
     clear()
 
 
-def _download_identity(source: str, config: str | None, limit: int | None, docs_per_file: int,
-                       recorded: dict | None) -> dict:
-    """The identity of a download; a hub download already started keeps its recorded revision (a snapshot),
-    so a rerun needs no network and never mixes two revisions."""
-    src = parse_source(source)
-    same_request = recorded and [recorded.get(k) for k in ("hub", "config", "limit", "docs_per_file")] == [
-        src.location, config, limit, docs_per_file]
-    if src.kind == "hub" and same_request:
-        return {k: recorded[k] for k in ("hub", "config", "revision", "limit", "docs_per_file")}
-    return {**source_identity(source, config, limit), "docs_per_file": docs_per_file}
-
-
 def _intact_parts(out_dir: Path, parts: list[dict]) -> int:
     """How many leading parts of a manifest are on disk with their recorded size and sha256."""
     for i, part in enumerate(parts):
@@ -287,29 +285,46 @@ def download(
     limit: int | None = None,
     docs_per_file: int = 100_000,
     replace: bool = False,
-    progress: Callable[[int, int | None], None] | None = None,
+    progress: Callable[[int, int | None, str], None] | None = None,
+    revision: str | None = None,
+    max_workers: int = DOWNLOAD_WORKERS,
 ) -> Path:
-    """Stream `source` into `out_dir/part_NNNNN.parquet` files (a `text` column) and return `out_dir`.
+    """A local copy of `source`'s documents in `out_dir` (parquet files with a `text` column); returns `out_dir`.
 
-    The folder records its identity (`source_identity` plus docs_per_file; a hub revision is resolved when
-    the download starts and kept until it is finished). Idempotent, verified and resumable: a finished
-    download (manifest.json, every part with size and sha256, written last) is returned once its parts
-    verify; a damaged part, or an interruption (download.json), resumes after the last intact full part.
-    A folder recorded for another identity is refused, or cleared and redone with `replace`.
-    `progress(documents_done, total or None)` is called after each part. `iter_documents(out_dir)` then
-    yields the same documents offline.
+    A hub dataset: the parquet files of `config`'s train split at one commit, fetched in parallel, resumed
+    and verified against the hub's sha256 (`download_hub`). A local corpus: copied into parts of
+    `docs_per_file` documents (`copy_local`). `progress(done, total or None, unit)` reports either.
+    """
+    if parse_source(source).kind == "hub":
+        return download_hub(parse_source(source).location, config, out_dir, limit, revision=revision,
+                            replace=replace, max_workers=max_workers, progress=progress)
+    return copy_local(source, out_dir, limit, docs_per_file, replace, progress)
+
+
+def copy_local(
+    source: str,
+    out_dir: str | os.PathLike,
+    limit: int | None = None,
+    docs_per_file: int = 100_000,
+    replace: bool = False,
+    progress: Callable[[int, int | None, str], None] | None = None,
+) -> Path:
+    """Copy a local corpus into `out_dir/part_NNNNN.parquet` files (a `text` column) and return `out_dir`.
+
+    The folder records its identity (`source_identity` plus docs_per_file). Idempotent, verified and
+    resumable: a finished copy (manifest.json, every part with size and sha256, written last) is returned once
+    its parts verify; a damaged part, or an interruption (download.json), resumes after the last intact full
+    part. A folder recorded for another identity is refused, or cleared and redone with `replace`.
+    `progress(documents_done, total or None, "documents")` is called after each part.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest_path, progress_path = out_dir / DOWNLOAD_MANIFEST, out_dir / DOWNLOAD_PROGRESS
     recorded_path = next((p for p in (manifest_path, progress_path) if p.exists()), None)
     recorded = read_json(recorded_path) if recorded_path else None
-    identity = _download_identity(source, config, limit, docs_per_file, recorded)
+    identity = {**source_identity(source, None, limit), "docs_per_file": docs_per_file}
     if recorded and (difference := mismatch(recorded, identity)):
-        def clear() -> None:
-            for path in [manifest_path, progress_path, *out_dir.glob("part_*.parquet")]:
-                path.unlink(missing_ok=True)
-        refuse_or_clear(recorded_path, difference, replace, clear)
+        refuse_or_clear(recorded_path, difference, replace, lambda: _clear_download(out_dir))
         recorded = None
     parts = recorded.get("files", []) if recorded else []
     done = _intact_parts(out_dir, parts)
@@ -318,16 +333,15 @@ def download(
     write_json(progress_path, {**identity, "files": parts[:done]})
     manifest_path.unlink(missing_ok=True)
 
-    # a short part is the stream's last one: it is redone, since the stream may have grown
+    # a short part is the corpus's last one: it is redone, since the corpus may have grown
     while done and parts[done - 1]["num_documents"] != docs_per_file:
         done -= 1
     parts = parts[:done]
     skip = done * docs_per_file
     total = None if limit is None else max(limit, 0)
-    revision = identity.get("revision")
-    documents = itertools.islice(iter_documents(source, config, limit, revision=revision), skip, None)
+    documents = itertools.islice(iter_documents(source, None, limit), skip, None)
     written = skip
-    with tqdm(total=total, initial=skip, unit="doc", desc=f"download {source}", disable=None) as bar:
+    with tqdm(total=total, initial=skip, unit="doc", desc=f"copy {source}", disable=None) as bar:
         for idx, texts in enumerate(batched(documents, docs_per_file), start=done):
             part = _part_path(out_dir, idx)
             _write_part(part, texts)
@@ -337,11 +351,287 @@ def download(
             bar.update(len(texts))
             written += len(texts)
             if progress:
-                progress(written, total)
-    for stale in sorted(out_dir.glob("part_*.parquet"))[len(parts):]:  # a longer earlier stream's tail
+                progress(written, total, "documents")
+    for stale in sorted(out_dir.glob("part_*.parquet"))[len(parts):]:  # a longer earlier corpus's tail
         stale.unlink()
-    require_documents(written, source, identity.get("config"))  # a local source has no config
+    require_documents(written, source)
     write_json(manifest_path, {**identity, "num_documents": sum(p["num_documents"] for p in parts), "files": parts})
+    progress_path.unlink()
+    return out_dir
+
+
+def _clear_download(out_dir: Path) -> None:
+    """Delete what a download wrote in `out_dir`: its records, parts and partial files."""
+    for path in [out_dir / DOWNLOAD_MANIFEST, out_dir / DOWNLOAD_PROGRESS, *out_dir.glob("part_*.parquet"),
+                 *out_dir.glob(f"part_*.parquet{PARTIAL_SUFFIX}")]:
+        path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# hub download: a config's files at one commit, in parallel, resumable, verified
+#
+# huggingface_hub's own machinery does the HTTP: HfApi for the commit and the file list (with each file's
+# sha256, its LFS oid), hf_hub_url for the URLs, http_get for each file (its session and headers, ranged
+# resume and retries of dropped connections within a call). Its hf_hub_download/snapshot_download are not
+# used: they write each file to a temporary file unique to the process and delete it on failure, so an
+# interrupted 2 GB file restarts from its first byte, and they check sizes but no hashes. Here each file
+# has a stable partial file next to its final name, so any rerun resumes it where it stopped.
+
+class HubFileError(RuntimeError):
+    """A hub file that cannot be had as recorded: refused by the hub (4xx) or never matching its sha256."""
+
+
+class DownloadInterrupted(ConnectionError):
+    """A file whose transfer kept failing (network); its bytes so far are kept, so a rerun resumes it."""
+
+
+@dataclass(frozen=True)
+class HubFile:
+    path: str  # in the repository
+    size: int
+    sha256: str | None  # the LFS oid the hub publishes; None for a file kept in git (then `blob_sha1` is checked)
+    blob_sha1: str
+
+    def digest_of(self, path: Path) -> tuple[str, str]:
+        """(what the hub records, what the local file hashes to), in the same kind of hash."""
+        if self.sha256:
+            return self.sha256, sha256_file(path)
+        with open(path, "rb") as f:  # git's blob id: sha1 of a "blob SIZE\0" header, then the bytes
+            blob = hashlib.file_digest(f, lambda: hashlib.sha1(b"blob %d\0" % path.stat().st_size))
+        return self.blob_sha1, blob.hexdigest()
+
+    def record(self, index: int) -> dict:
+        return {"file": _part_path(Path(), index).name, "path": self.path, "size": self.size, "sha256": self.sha256,
+                "blob_sha1": self.blob_sha1}
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """A data_files glob as the hub's clients read it: `*` and `?` within one folder, `**` across folders."""
+    parts = re.split(r"(\*\*/?|\*|\?)", pattern)
+    table = {"**/": "(?:.*/)?", "**": ".*", "*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(table.get(p, re.escape(p)) for p in parts))
+
+
+def _fixed_folder(pattern: str) -> str:
+    """The folders of a glob before its first wildcard: the only part of the repository to list."""
+    folders = pattern.split("/")[:-1]
+    fixed = itertools.takewhile(lambda part: not any(c in part for c in "*?["), folders)
+    return "/".join(fixed)
+
+
+def _fetch_text(url: str) -> str:
+    import io
+
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    buffer = io.BytesIO()
+    http_get(url, buffer, headers=build_hf_headers())
+    return buffer.getvalue().decode()
+
+
+def config_patterns(repo_id: str, sha: str, config: str | None) -> list[str]:
+    """The `train` data_files globs of `config`, from the `configs:` YAML of the dataset card at commit `sha`.
+
+    A dataset whose card names no configs (and config None): every parquet file.
+    """
+    from huggingface_hub import DatasetCard, hf_hub_url
+
+    card = DatasetCard(_fetch_text(hf_hub_url(repo_id, "README.md", repo_type="dataset", revision=sha)))
+    configs = {c.get("config_name"): c.get("data_files") for c in card.data.to_dict().get("configs") or []}
+    if config is None and not configs:
+        return ["**/*.parquet"]
+    name = config if config is not None else "default"
+    if name not in configs:
+        raise SourceNotFound(f"{repo_id}: no config {name!r} in the configs of its README.md at {sha} "
+                             f"(configs: {', '.join(map(str, configs)) or 'none'}); set --config to one of them")
+    data_files = configs[name]
+    if isinstance(data_files, (str, list)) and not (isinstance(data_files, list) and data_files
+                                                    and isinstance(data_files[0], dict)):
+        data_files = [{"split": "train", "path": data_files}]
+    paths = [entry["path"] for entry in data_files if entry.get("split", "train") == "train"]
+    return [p for path in paths for p in ([path] if isinstance(path, str) else path)]
+
+
+def list_hub_files(repo_id: str, sha: str, config: str | None) -> list[HubFile]:
+    """The document files of `config` at commit `sha`, in the order of their paths (the hub's reading order)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    files = {}
+    for pattern in config_patterns(repo_id, sha, config):
+        regex = _glob_regex(pattern)
+        tree = HfApi().list_repo_tree(repo_id, path_in_repo=_fixed_folder(pattern) or None, recursive=True,
+                                      revision=sha, repo_type="dataset")
+        for entry in tree:
+            if isinstance(entry, RepoFile) and regex.fullmatch(entry.path) and entry.path.endswith(LOCAL_SUFFIXES):
+                files[entry.path] = HubFile(entry.path, entry.size, entry.lfs.sha256 if entry.lfs else None,
+                                            entry.blob_id)
+    if not files:
+        raise EmptySource(f"{repo_id} (config {config}) at {sha}: no {' or '.join(LOCAL_SUFFIXES)} file matches "
+                          f"{config_patterns(repo_id, sha, config)}: nothing to download")
+    return [files[path] for path in sorted(files)]
+
+
+def _fetch_attempt(url: str, partial: Path, file: HubFile) -> None:
+    """One ranged GET of what `partial` still lacks (http_get also resumes dropped connections itself)."""
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    if partial.exists() and partial.stat().st_size > file.size:  # not a prefix of this file
+        partial.unlink()
+    with open(partial, "r+b" if partial.exists() else "wb") as f:
+        f.seek(0, os.SEEK_END)
+        http_get(url, f, resume_size=f.tell(), headers=build_hf_headers(), expected_size=file.size,
+                 displayed_filename=file.path)
+
+
+def retry_transient(what: str, call: Callable[[], T]) -> T:
+    """`call()`, retried after 1, 2, 4, 8 s while it fails transiently (common.network); its last error raised."""
+    from common.network import is_transient_network_error
+
+    for attempt in itertools.count(1):
+        try:
+            return call()
+        except Exception as e:
+            if attempt == FILE_ATTEMPTS or not is_transient_network_error(e):
+                raise
+            logger.warning("%s: %s: %s; retrying in %d s", what, type(e).__name__, e, 2 ** (attempt - 1))
+            time.sleep(2 ** (attempt - 1))
+
+
+def fetch_hub_file(repo_id: str, sha: str, file: HubFile, dest: Path) -> None:
+    """`file` of commit `sha` at `dest`, verified against the hub's hash; resumes `dest`'s partial file.
+
+    Transient failures are retried (`retry_transient`), each attempt resuming what is on disk; then
+    DownloadInterrupted (transient, the bytes kept). A hub refusal (an HTTP 4xx) is HubFileError at once. A
+    file whose hash differs from the hub's is fetched again from scratch once, then HubFileError names both.
+    """
+    from huggingface_hub import hf_hub_url
+
+    from common.network import http_status, is_transient_network_error
+
+    url = hf_hub_url(repo_id, file.path, repo_type="dataset", revision=sha)
+    partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+    where = f"{repo_id}: {file.path} at {sha}"
+    for _ in range(2):
+        try:
+            retry_transient(file.path, lambda: _fetch_attempt(url, partial, file))
+        except Exception as e:
+            if is_transient_network_error(e):
+                kept = partial.stat().st_size if partial.exists() else 0
+                raise DownloadInterrupted(f"{where}: {type(e).__name__}: {e}, {FILE_ATTEMPTS} attempts; {kept:,} of "
+                                          f"{file.size:,} bytes kept in {partial}: rerun the same command to resume") from e
+            if http_status(e) is not None:
+                raise HubFileError(f"{where}: HTTP {http_status(e)} ({e}); not retried: the hub refuses it") from e
+            raise  # a local failure (a full disk, a permission): its own error names it
+        expected, actual = file.digest_of(partial)
+        if expected == actual:
+            os.replace(partial, dest)
+            return
+        partial.unlink()
+        logger.warning("%s: hash %s, but the hub records %s; fetching it again", file.path, actual, expected)
+    raise HubFileError(f"{where} hashes to {actual} twice, but the hub records {expected}; nothing was kept. "
+                       f"The hub's copy or the way to it is damaged: retry later")
+
+
+def _verified(dest: Path, file: HubFile) -> bool:
+    if not dest.is_file() or dest.stat().st_size != file.size:
+        return False
+    expected, actual = file.digest_of(dest)
+    if expected != actual:
+        logger.warning("%s differs from the hub's %s (hash %s, not %s); fetching it again", dest, file.path,
+                       actual, expected)
+        dest.unlink()
+    return expected == actual
+
+
+def _files_needed(files: list[HubFile], out_dir: Path, limit: int | None,
+                  fetch: Callable[[range], None]) -> int:
+    """How many leading files hold the first `limit` documents (all of them without a limit), fetching them.
+
+    The first file is fetched alone; then the documents per byte of the files on disk estimate how many more
+    hold the rest, and those are fetched together, until the files on disk hold `limit` documents.
+    """
+    if limit is None:
+        fetch(range(len(files)))
+        return len(files)
+    n, documents = 0, 0
+    while documents < limit and n < len(files):
+        more = 1
+        if documents:
+            wanted_bytes = (limit - documents) * sum(f.size for f in files[:n]) / documents
+            more += sum(1 for size in itertools.accumulate(f.size for f in files[n:]) if size < wanted_bytes)
+        batch = range(n, min(n + more, len(files)))
+        fetch(batch)
+        for i in batch:
+            documents, n = documents + _num_rows(_part_path(out_dir, i)), i + 1
+            if documents >= limit:
+                break
+    return n
+
+
+def download_hub(
+    repo_id: str,
+    config: str | None,
+    out_dir: str | os.PathLike,
+    limit: int | None = None,
+    revision: str | None = None,
+    replace: bool = False,
+    max_workers: int = DOWNLOAD_WORKERS,
+    progress: Callable[[int, int | None, str], None] | None = None,
+) -> Path:
+    """The parquet files of `config`'s train split at one commit, in `out_dir` as part_NNNNN.parquet.
+
+    `revision` (a branch, tag or commit; default the main branch) is resolved to a commit sha when the
+    download starts; every request names that sha, and a rerun of the same request keeps it (download.json,
+    then manifest.json record it), so the folder never mixes two commits. Files come down `max_workers` at
+    a time; each is resumed from its partial file and checked against the hub's sha256 (`fetch_hub_file`).
+    With `limit`, only the leading files that hold `limit` documents. manifest.json, written last, lists each
+    file (part name, repository path, size, sha256) and the documents they hold. A folder recorded for
+    another dataset, config or revision is refused, or cleared with `replace`.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path, progress_path = out_dir / DOWNLOAD_MANIFEST, out_dir / DOWNLOAD_PROGRESS
+    recorded_path = next((p for p in (manifest_path, progress_path) if p.exists()), None)
+    recorded = read_json(recorded_path) if recorded_path else None
+    request = {"hub": repo_id, "config": config, "requested_revision": revision}
+    if recorded and (difference := mismatch(recorded, request)):
+        refuse_or_clear(recorded_path, difference, replace, lambda: _clear_download(out_dir))
+        recorded = None
+    if recorded:
+        sha, listing = recorded["revision"], [HubFile(**f) for f in recorded["listing"]]
+    else:
+        sha = retry_transient(repo_id, lambda: resolve_hub_revision(repo_id, revision))
+        listing = retry_transient(f"{repo_id} at {sha}", lambda: list_hub_files(repo_id, sha, config))
+    identity = {**request, "revision": sha, "listing": [dataclasses.asdict(f) for f in listing]}
+    write_json(progress_path, {**identity, "limit": limit})
+    manifest_path.unlink(missing_ok=True)
+
+    total_bytes = sum(f.size for f in listing)
+    done_bytes = [0]
+
+    def fetch(indices: range) -> None:
+        todo = [i for i in indices if not _verified(_part_path(out_dir, i), listing[i])]
+        done_bytes[0] += sum(listing[i].size for i in indices if i not in todo)
+        with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo) or 1))) as pool:
+            jobs = [pool.submit(fetch_hub_file, repo_id, sha, listing[i], _part_path(out_dir, i)) for i in todo]
+            for i, job in zip(todo, jobs):
+                job.result()  # the first failure, in file order; the others finish or fail on their own
+                done_bytes[0] += listing[i].size
+                if progress:
+                    progress(done_bytes[0], total_bytes, "bytes")
+
+    n = _files_needed(listing, out_dir, limit, fetch)
+    for extra in out_dir.glob("part_*.parquet*"):  # files beyond the limit, or of an earlier, longer request
+        if extra.name not in {_part_path(out_dir, i).name for i in range(n)}:
+            extra.unlink()
+    files = [{**listing[i].record(i), "num_documents": _num_rows(_part_path(out_dir, i))} for i in range(n)]
+    num_documents = require_documents(sum(f["num_documents"] for f in files), repo_id, config)
+    write_json(manifest_path, {**identity, "limit": limit, "num_documents": num_documents, "files": files})
     progress_path.unlink()
     return out_dir
 
@@ -358,11 +648,17 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"dataset config, e.g. {', '.join(FINEWEB_CONFIGS)}")
     parser.add_argument("--out", required=True, type=Path, help="output folder for part_NNNNN.parquet files")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many documents (default: all)")
-    parser.add_argument("--docs-per-file", type=int, default=100_000, help="documents per parquet file")
+    parser.add_argument("--revision", default=None,
+                        help="hub branch, tag or commit sha (default: the main branch, resolved to its commit once)")
+    parser.add_argument("--max-workers", type=int, default=DOWNLOAD_WORKERS, help="hub files fetched at once")
+    parser.add_argument("--docs-per-file", type=int, default=100_000,
+                        help="a local source only: documents per parquet part (hub files are kept as published)")
     parser.add_argument("--replace", action="store_true", help="clear a folder recorded for another download")
     args = parser.parse_args(argv)
+    if args.max_workers < 1:
+        parser.error(f"--max-workers must be >= 1, got {args.max_workers}")
     out = download(args.source, args.config, args.out, limit=args.limit, docs_per_file=args.docs_per_file,
-                   replace=args.replace)
+                   replace=args.replace, revision=args.revision, max_workers=args.max_workers)
     print(f"documents cached in {out}")
 
 

@@ -42,6 +42,8 @@ class _PipelineFields(BaseModel):
     source: str = Field("HuggingFaceFW/fineweb",
                         description="hub dataset id, or a local folder/file of parquet/jsonl documents (offline)")
     source_config: Optional[str] = Field("sample-10BT", description="hub dataset config; null for a local source")
+    source_revision: Optional[str] = Field(None, description="hub branch, tag or commit sha to download (default: the main "
+                                    "branch); resolved to a commit once and recorded")
     limit: Optional[int] = Field(None, ge=1, description="use only the first `limit` documents")
     dataset: str = Field("fineweb10B", description="shard name prefix and folder name (a name, not a path)")
     shard_size: int = Field(10**8, ge=1, description="tokens per shard")

@@ -102,7 +102,8 @@ class Stages:
 
     def download(self) -> PrefectFuture:
         s = self.s
-        return self._submit("download", download_documents, s.source, s.source_config, str(s.documents_dir), s.limit)
+        return self._submit("download", download_documents, s.source, s.source_config, str(s.documents_dir), s.limit,
+                            s.source_revision)
 
     def tokenize(self, documents: PrefectFuture) -> PrefectFuture:
         s = self.s

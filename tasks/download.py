@@ -22,7 +22,7 @@ DOWNLOAD_CODE = ("data.fineweb",)  # entry modules; what they import counts too 
 class DocumentsRecord(StageRecord):
     path: str  # local folder (or file) of parquet/jsonl documents with a `text` column
     source: str
-    identity: str  # data.fineweb.source_identity as canonical JSON: local file bytes, or hub id+config+revision
+    identity: str  # canonical JSON: a local corpus's file bytes, or hub id, config, commit and each file's sha256
     num_documents: int
 
     def problem(self) -> str | None:
@@ -54,13 +54,15 @@ def progress_reporter(key: str, description: str) -> Callable[[float], None]:
 
 @task(name="download", cache_policy=StageCache(stage="download", code=DOWNLOAD_CODE), persist_result=True,
       **NETWORK_RETRIES)
-def download_documents(source: str, config: str | None, out_dir: str, limit: int | None) -> DocumentsRecord:
+def download_documents(source: str, config: str | None, out_dir: str, limit: int | None,
+                       revision: str | None = None) -> DocumentsRecord:
     """FineWeb (any hub dataset with a `text` column) -> a local parquet cache; a local corpus is used as is.
 
-    The record carries the documents' identity (`data.fineweb.source_identity`): a local corpus by the
-    bytes of its files (a changed, added or removed file invalidates this stage's cache), a hub dataset by
-    id, config and the revision resolved when the download started. A missing local path fails at once
-    (`SourceNotFound`, not retried).
+    The record carries the documents' identity: a local corpus by the bytes of its files
+    (`data.fineweb.source_identity`; a changed, added or removed file invalidates this stage's cache), a hub
+    dataset by id, config, the commit `revision` resolved to when the download started, and the sha256 of
+    each file (`data.fineweb.download_hub`, which resumes and verifies them). A missing local path fails at
+    once (`SourceNotFound`, not retried); a network failure is retried, resuming the files on disk.
     """
     from data import fineweb
 
@@ -77,16 +79,21 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
         report = progress_reporter(artifact_key("download-progress", Path(out_dir).parent.name),
                                    f"documents of {source} into {out_dir}")
 
-        def progress(done: int, total: int | None) -> None:
+        def progress(done: int, total: int | None, unit: str) -> None:
             if total:
                 report(done / total)
-            logger.info("%s: %s documents downloaded", source, f"{done:,}")
+            logger.info("%s: %s of %s %s downloaded", source, f"{done:,}", f"{total:,}" if total else "?", unit)
 
-        path = fineweb.download(source, config, out_dir, limit, replace=True, progress=progress)
+        path = fineweb.download_hub(src.location, config, out_dir, limit, revision=revision, replace=True,
+                                    progress=progress)
+        report(1.0)  # also with a limit, where fewer than all of the listed bytes were needed
         manifest = json.loads((path / fineweb.DOWNLOAD_MANIFEST).read_text())
-        refs = [FileRef.with_sha256(path / f["file"], f["sha256"]) for f in manifest["files"]]  # verified by download
+        # verified against the hub's hashes: an LFS file's is its sha256, the one a ref records
+        refs = [FileRef.with_sha256(path / f["file"], f["sha256"]) if f["sha256"] else FileRef.of(path / f["file"])
+                for f in manifest["files"]]
         refs.append(FileRef.of(path / fineweb.DOWNLOAD_MANIFEST))
-        identity = {k: manifest[k] for k in ("hub", "config", "revision", "limit")}
+        identity = {**{k: manifest[k] for k in ("hub", "config", "revision", "limit")},
+                    "sha256": [f["sha256"] or f["blob_sha1"] for f in manifest["files"]]}
         num_documents = manifest["num_documents"]
     logger.info("%d documents of %s are in %s (%d files); identity %s", num_documents, source, path, len(refs),
                 identity)

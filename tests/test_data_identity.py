@@ -310,36 +310,3 @@ def test_an_ending_with_endoftext_is_scored_as_the_text_it_is(tmp_path):
     assert EOT not in example.ending_tokens[2]
     with pytest.raises(ValueError, match="disallowed special token"):
         enc.encode(" " + records[1]["endings"][2])  # llm.c's script would stop here
-
-
-def test_a_hub_download_records_its_revision_and_a_rerun_keeps_that_snapshot_without_the_network(tmp_path, monkeypatch):
-    import huggingface_hub
-
-    revisions, streamed = iter(["rev-1", "rev-2"]), []
-
-    def dataset_info(self, repo_id, revision=None, **kwargs):
-        return type("Info", (), {"sha": next(revisions)})()
-
-    def load_dataset(path, name=None, split=None, streaming=False, revision=None):
-        streamed.append(revision)
-        return ({"text": f"{revision} doc {i}"} for i in range(10**9))
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", dataset_info)
-    monkeypatch.setitem(sys.modules, "datasets", type(sys)("datasets"))
-    sys.modules["datasets"].load_dataset = load_dataset
-    seen = []
-    out = fineweb.download("HuggingFaceFW/fineweb", "sample-10BT", tmp_path / "raw", limit=5, docs_per_file=2,
-                           progress=lambda done, total: seen.append((done, total)))
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert (manifest["hub"], manifest["config"], manifest["revision"], manifest["limit"]) == (
-        "HuggingFaceFW/fineweb", "sample-10BT", "rev-1", 5)
-    assert [(f["size"], f["sha256"]) for f in manifest["files"]] == [
-        ((out / f["file"]).stat().st_size, hashlib.sha256((out / f["file"]).read_bytes()).hexdigest())
-        for f in manifest["files"]]
-    assert seen == [(2, 5), (4, 5), (5, 5)] and streamed == ["rev-1"]
-
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", lambda *a, **k: pytest.fail("asked the hub"))
-    (out / "part_00001.parquet").unlink()  # damaged: redone from the recorded revision, not the hub's newest
-    fineweb.download("HuggingFaceFW/fineweb", "sample-10BT", out, limit=5, docs_per_file=2)
-    assert list(iter_documents(out)) == [f"rev-1 doc {i}" for i in range(5)]
-    assert streamed == ["rev-1", "rev-1"]

@@ -141,33 +141,34 @@ def test_tokenize_reports_progress_as_a_prefect_progress_artifact(data_params):
     assert {a.data for a in artifacts} == {100.0}  # every tokenize run of this module finished
 
 
-def test_a_hub_download_records_its_resolved_revision_and_reports_progress(data_params, monkeypatch):
-    """The hub is faked at its client (dataset_info, load_dataset); everything else is the real stage."""
-    import sys
-    import types
-
-    import huggingface_hub
+def test_a_hub_download_records_its_resolved_revision_and_the_files_sha256_and_reports_progress(
+        data_params, monkeypatch):
+    """The hub is a replica over HTTP (tests/fixtures/hub_replica.py); the clients and the stage are the real ones."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.pipeline import download_flow
+    from tests.fixtures.hub_replica import HubReplica, dataset_repo, point_clients_at
 
     texts = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines()]
-    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info",
-                        lambda self, repo_id, revision=None, **kw: types.SimpleNamespace(sha="0123abcd" * 5))
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(
-        load_dataset=lambda path, name=None, split=None, streaming=False, revision=None: (
-            {"text": t} for t in texts)))
-    params = {**data_params, "source": "hf://datasets/acme/corpus", "source_config": "small", "limit": 120,
-              "dataset": "hub"}
-    flow_run_id, records = run_flow(download_flow, **params)
+    replica = HubReplica()
+    files = dataset_repo(texts, "small", files=3)
+    sha = replica.add_commit("acme/corpus", files)
+    point_clients_at(replica.start(), monkeypatch)
+    try:
+        params = {**data_params, "source": "hf://datasets/acme/corpus", "source_config": "small", "limit": 60,
+                  "dataset": "hub"}
+        flow_run_id, records = run_flow(download_flow, **params)
+    finally:
+        replica.stop()
     record = records["download"]
-    assert json.loads(record.identity) == {"hub": "acme/corpus", "config": "small", "revision": "0123abcd" * 5,
-                                           "limit": 120}
-    assert record.num_documents == 120
+    first_two = [files[p] for p in sorted(files) if p.endswith(".parquet")][:2]  # 50 documents each
+    assert json.loads(record.identity) == {"hub": "acme/corpus", "config": "small", "revision": sha, "limit": 60,
+                                           "sha256": [hashlib.sha256(b).hexdigest() for b in first_two]}
+    assert record.num_documents == 100
     from data.fineweb import iter_documents
 
-    assert list(iter_documents(record.path)) == texts[:120]
+    assert list(iter_documents(record.path, limit=60)) == texts[:60]
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["download-progress-hub"])))
