@@ -380,9 +380,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None, help="hub dataset config, e.g. sample-10BT")
     parser.add_argument("--out", required=True, type=Path, help="output folder for the shards and manifest.json")
     parser.add_argument("--name", default="fineweb", help="shard name prefix: {name}_{split}_{idx:06d}.bin")
-    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard")
+    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
+                        help=f"tokens per shard (1 to {MAX_SHARD_SIZE})")
     parser.add_argument("--limit", type=int, default=None, help="use only the first LIMIT documents (None: all)")
-    parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (None: all cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="tokenizer processes, at most the usable cores (None: all of them)")
     parser.add_argument("--replace", action="store_true",
                         help="rebuild a folder written for another source content or other settings")
     args = parser.parse_args(argv)
