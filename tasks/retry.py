@@ -138,6 +138,16 @@ def best_effort(what: str, send: Callable[..., T], *args: Any, **kwargs: Any) ->
     except Exception as e:
         if not is_transient(e):
             raise
-        logging.getLogger("tasks").warning("could not send %s to the Prefect API (%s: %s); the work goes on",
-                                           what, type(e).__name__, e)
+        _logger().warning("could not send %s to the Prefect API (%s: %s); the work goes on", what, type(e).__name__, e)
         return None
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run's logger inside a flow or task run (the worker's log has it as well), else this module's."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)
