@@ -244,10 +244,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     sizes only, for a checkpoint verified moments ago)."""
     path = Path(path)
     require_current_format(path, verify_checkpoint(path, hashes))
-    try:
-        tensors = load_tensors(path / TENSORS_FILE, device=str(map_location))
-    except Exception as e:  # safetensors' own errors do not say which file
-        raise CheckpointError(f"{path / TENSORS_FILE}: cannot be loaded ({type(e).__name__}: {e})") from e
+    tensors = read_tensors(path / TENSORS_FILE, CheckpointError, map_location)
     try:
         data = parse_json((path / DATA_FILE).read_text(), str(path / DATA_FILE), CheckpointError)
     except UnicodeDecodeError as e:
@@ -268,6 +265,17 @@ def _check_model_config(state: Any, where: Path) -> None:
         raise CheckpointError(f"{where}: no usable model_config and model weights ({type(e).__name__}: {e})") from e
     except ValueError as e:
         raise CheckpointError(str(e)) from e
+
+
+def read_tensors(path: Path, error: type[Exception] = ValueError,
+                 map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; one that cannot be read (a header too large for the file, bad JSON,
+    offsets outside it: safetensors checks them before reading any tensor) raises `error` naming the file, which
+    safetensors' own errors do not."""
+    try:
+        return load_tensors(path, device=str(map_location))
+    except Exception as e:
+        raise error(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from e
 
 
 def model_config_of(state: dict[str, Any]) -> GPTConfig:

@@ -138,9 +138,9 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
 
 def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     if (directory / "model.safetensors").exists():
-        from safetensors.torch import load_file
+        from gpt2.checkpoint import read_tensors
 
-        return load_file(str(directory / "model.safetensors"))
+        return read_tensors(directory / "model.safetensors")
     if (directory / "pytorch_model.bin").exists():
         return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise FileNotFoundError(

@@ -132,6 +132,23 @@ def test_a_checkpoint_whose_state_json_claims_a_huge_model_is_refused_naming_it(
     _named_error(result, "CheckpointError", str(path / DATA_FILE), "describes a model of")
 
 
+@pytest.mark.parametrize("header_length", [2**62, 50_000_000])
+def test_a_safetensors_header_larger_than_its_file_is_refused_naming_it(tmp_path, header_length):
+    """Finding 9: an oversized safetensors header; safetensors checks it against the file before reading it, and
+    its error did not name the file."""
+    import struct
+
+    from gpt2.hf import import_hf
+
+    directory = tmp_path / "hf"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "n_layer": 1, "n_head": 1, "n_embd": 8, "n_positions": 8, "vocab_size": 16}))
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", header_length) + b"{}" + b" " * 100)
+    with pytest.raises(ValueError, match=rf"{directory / 'model.safetensors'}: cannot be loaded \(SafetensorError"):
+        import_hf(directory)
+
+
 def test_a_hellaswag_file_with_tokens_outside_the_vocabulary_is_refused_naming_it(tmp_path):
     from data.hellaswag import EvalFileError, Example, read_eval_file, write_eval_file
 
