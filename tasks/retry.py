@@ -39,7 +39,7 @@ NETWORK_ERRNOS = frozenset({
 # errors a child process (gpt2.train, ...) may end with that a rerun would meet again, by class name: the
 # child's traceback names them, qualified (`gpt2.guard.TrainingDivergedError: ...`)
 DETERMINISTIC_CHILD_ERRORS = ("DiskFull", "CheckpointError", "ConfigError", "TrainingDivergedError", "ShardError",
-                              "EvalFileError", "RunDirLocked")
+                              "EvalFileError")
 # OSErrors that describe the local machine whatever their errno (also when raised without one)
 _LOCAL_OS_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 _ERRNO_IN_OUTPUT = re.compile(r"\w+Error: \[Errno (\d+)\]")  # an exception line: `OSError: [Errno 30] ...`
