@@ -153,11 +153,13 @@ def settings_parameters(extra: tuple[inspect.Parameter, ...] = ()) -> Callable[[
     """Give a flow function `fn(**parameters)` the signature of PipelineSettings' fields (keyword-only).
 
     Prefect builds the parameter form, the schema the server checks runs against and the binding of a
-    run's parameters from this signature, so every setting is a typed parameter of its own.
+    run's parameters from this signature, so every setting is a typed parameter of its own, with its field's
+    metadata (bounds, the JSON schema of a float training setting) as the settings model has it.
     """
     def decorate(fn: Callable) -> Callable:
         params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
-                                    annotation=field.annotation)
+                                    annotation=Annotated[field.annotation, *field.metadata] if field.metadata
+                                    else field.annotation)
                   for name, field in PipelineSettings.model_fields.items()]
         fn.__signature__ = inspect.Signature([*params, *extra])
         return fn

@@ -67,7 +67,7 @@ def test_a_shard_size_beyond_the_format_fails_before_the_dataset_folder_is_touch
 @pytest.mark.parametrize("param, message", [
     ("seed=18446744073709551616", "seed=18446744073709551616 is out of range"),
     ('eval={"batch_size": -1}', "eval.batch_size must be >= 1"),
-    ("lr=NaN", "lr"),  # JSON has no NaN: the client sends null, which the parameter schema refuses
+    ("lr=NaN", "field 'lr'"),  # JSON has no NaN: the client sends null, which the parameter schema refuses
     ('rendezvous={"nnodes": 0}', "rendezvous.nnodes must be >= 1"),
     ("eps=-1e-8", "eps must be > 0"),
     (f"model={HUGE_MODEL}", "has 135,031,900,000 parameters"),
