@@ -44,7 +44,7 @@ def run_to_the_end(server, deployment: str, *params: str) -> tuple[str | None, d
         assert result.returncode != 0, result.stdout
         return None, None, result.stdout + result.stderr
     run = wait_for_final_state(server, found.group(1))
-    return found.group(1), run, "\n".join(flow_run_logs(server, found.group(1))) + run["state"]["message"]
+    return found.group(1), run, "\n".join(flow_run_logs(server, found.group(1))) + (run["state"]["message"] or "")
 
 
 def test_a_shard_size_beyond_the_format_fails_before_the_dataset_folder_is_touched(server, worker):
