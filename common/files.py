@@ -158,12 +158,23 @@ def write_json(path: str | os.PathLike, obj: object) -> None:
         tmp.write_text(text)
 
 
+def parse_json(text: str, where: str, error: type[Exception] = ValueError) -> object:
+    """`json.loads(text)`; text that is not JSON, or nested too deeply for the parser (which would otherwise
+    raise a RecursionError naming nothing), raises `error` naming `where` (a file, or a file and line)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: not valid JSON ({e})") from e
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deeply to parse (not a file this pipeline writes)") from None
+
+
 def read_json(path: str | os.PathLike) -> dict:
     """Read a JSON file written by `write_json`, with an error that names the file if it is not JSON."""
     try:
-        return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); delete it and rerun the stage") from e
+        return parse_json(Path(path).read_text(), str(path))
+    except ValueError as e:
+        raise ValueError(f"{e}; delete it and rerun the stage") from e
 
 
 def iter_jsonl_records(
@@ -177,10 +188,7 @@ def iter_jsonl_records(
             if not line.strip():
                 continue
             where = f"{name} line {line_no}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise error(f"{where}: not valid JSON ({e})") from e
+            yield where, parse_json(line, where, error)
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 24) -> str:

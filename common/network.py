@@ -8,12 +8,21 @@ time. Used by the Prefect stages' retry policy (tasks.retry) and by the hub down
 
 from __future__ import annotations
 
+import errno
 import importlib
+import socket
 
 from common.files import is_disk_full
 
 # HTTP statuses worth retrying: timeouts, rate limits, server-side errors
 TRANSIENT_HTTP_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+# errnos of the network: an OSError with any other errno (read-only filesystem, name too long, permission
+# denied, no such file, ...) describes the local machine and will not go away by waiting
+NETWORK_ERRNOS = frozenset({
+    errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EHOSTUNREACH,
+    errno.EHOSTDOWN, errno.ENETUNREACH, errno.ENETDOWN, errno.ENETRESET, errno.EPIPE, errno.EAGAIN,
+    errno.EADDRNOTAVAIL, errno.ENOTCONN, errno.EPROTO,
+})  # fmt: skip
 # OSErrors that describe the local machine, not the network: they will not go away by waiting
 _LOCAL_OS_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 
@@ -51,4 +60,7 @@ def is_transient_network_error(exc: BaseException) -> bool:
         return status in TRANSIENT_HTTP_STATUS
     if isinstance(exc, _LOCAL_OS_ERRORS) or is_disk_full(exc):  # a full disk does not empty itself
         return False
+    if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, socket.gaierror):
+        return exc.errno in NETWORK_ERRNOS
+    # no errno: the HTTP clients' own errors (requests' are OSErrors without one), a name lookup that failed
     return isinstance(exc, (*_NETWORK_ERRORS, OSError))

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
-from data.tokenizer import get_gpt2_encoding
+from data.tokenizer import VOCAB_SIZE, get_gpt2_encoding
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 JSONL_NAME = "hellaswag_val.jsonl"
@@ -189,6 +189,8 @@ def read_eval_file(path: str | os.PathLike) -> list[Example]:
             cursor += 1 + n
         if cursor != end:
             raise _corrupt(path, i, f"has {2 * (cursor - pos)} bytes of fields but claims {stream[pos + 1]}")
+        if (largest := max((t for tokens in (ctx, *endings) for t in tokens), default=0)) >= VOCAB_SIZE:
+            raise _corrupt(path, i, f"holds token {largest}, outside GPT-2's vocabulary of {VOCAB_SIZE}")
         examples.append(Example(index=index, label=label, ctx_tokens=ctx, ending_tokens=endings))
         pos = end
     if pos != len(stream):

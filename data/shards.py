@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, require_documents, source_identity
 from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
+from common.limits import gigabytes, physical_memory, usable_cores
 from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
 MAGIC = 20240520
@@ -37,6 +38,7 @@ VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 DEFAULT_SHARD_SIZE = 10**8
+MAX_SHARD_SIZE = 2**31 - 1  # the header counts a shard's tokens in an int32
 MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # finished shards of an interrupted run; gone once manifest.json is written
 TOKENIZER_INFO = {"library": "tiktoken", "encoding": "gpt2", "method": "encode_ordinary", "document_prefix": EOT}
@@ -132,13 +134,28 @@ def read_shard(path: str | os.PathLike) -> np.ndarray:
 # tokenization, in-process or in a pool of workers; the order of documents is preserved either way
 
 
-def default_num_workers() -> int:
-    return len(os.sched_getaffinity(0))
+def check_num_workers(num_workers: int | None, setting: str = "workers") -> None:
+    """ValueError naming `setting` unless `num_workers` is None (all cores) or 1 to this machine's cores: more
+    processes than cores only compete for them."""
+    if num_workers is not None and not 1 <= num_workers <= usable_cores():
+        raise ValueError(f"{setting}={num_workers}: this machine has {usable_cores()} usable CPU cores; "
+                         f"use 1 to {usable_cores()}, or leave it unset for all of them")
+
+
+def check_shard_size(shard_size: int) -> None:
+    """ValueError naming the setting unless a shard of `shard_size` tokens can be written (its header's token count
+    is an int32) and its buffer (2 bytes a token) fits in this machine's memory."""
+    if not 1 <= shard_size <= MAX_SHARD_SIZE:
+        raise ValueError(f"shard_size={shard_size}: must lie in [1, {MAX_SHARD_SIZE}], the most tokens an llm.c "
+                         f"shard header can count (llm.c's own shards hold {DEFAULT_SHARD_SIZE})")
+    if (needed := 2 * shard_size) > physical_memory():
+        raise ValueError(f"shard_size={shard_size}: a shard's buffer needs {gigabytes(needed)}, more than this "
+                         f"machine's {gigabytes(physical_memory())} of memory; use a smaller shard_size")
 
 
 def tokenize_documents(documents: Iterable[str], num_workers: int | None = None) -> Iterator[np.ndarray]:
     """Yield each document's uint16 tokens (EOT first), in document order, using `num_workers` processes."""
-    num_workers = num_workers or default_num_workers()
+    num_workers = num_workers or usable_cores()
     tasks = batched(documents, DOCS_PER_TASK)
     if num_workers == 1:
         yield from _split_results(map(encode_documents, tasks))
@@ -271,8 +288,8 @@ def build_shards(
     `progress(documents_done)` is called as tokenization goes. The output does not depend on `num_workers`.
     No documents at all is refused (`EmptySource`, naming `source_name`, e.g. the path or dataset id).
     """
-    if shard_size < 1:
-        raise ValueError(f"shard_size must be >= 1, got {shard_size}")
+    check_shard_size(shard_size)  # before the folder is touched
+    check_num_workers(num_workers)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = _settings(name, shard_size, source)
@@ -363,9 +380,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None, help="hub dataset config, e.g. sample-10BT")
     parser.add_argument("--out", required=True, type=Path, help="output folder for the shards and manifest.json")
     parser.add_argument("--name", default="fineweb", help="shard name prefix: {name}_{split}_{idx:06d}.bin")
-    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, help="tokens per shard")
+    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
+                        help=f"tokens per shard (1 to {MAX_SHARD_SIZE})")
     parser.add_argument("--limit", type=int, default=None, help="use only the first LIMIT documents (None: all)")
-    parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (None: all cores)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="tokenizer processes, at most the usable cores (None: all of them)")
     parser.add_argument("--replace", action="store_true",
                         help="rebuild a folder written for another source content or other settings")
     args = parser.parse_args(argv)

@@ -18,13 +18,14 @@ import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
 
 from common.files import check_name
 
 from data.hellaswag import HELLASWAG_VAL_URL
+from data.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_num_workers, check_shard_size
 from gpt2.train_config import WIRED_FIELDS, TrainConfig
 from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
@@ -46,8 +47,8 @@ class _PipelineFields(BaseModel):
                                     "branch); resolved to a commit once and recorded")
     limit: Optional[int] = Field(None, ge=1, description="use only the first `limit` documents")
     dataset: str = Field("fineweb10B", description="shard name prefix and folder name (a name, not a path)")
-    shard_size: int = Field(10**8, ge=1, description="tokens per shard")
-    tokenize_workers: Optional[int] = Field(None, ge=1, description="tokenizer processes (default: all cores)")
+    shard_size: int = Field(DEFAULT_SHARD_SIZE, description=f"tokens per shard (1 to {MAX_SHARD_SIZE})")
+    tokenize_workers: Optional[int] = Field(None, description="tokenizer processes, at most the cores (default: all)")
     hellaswag_source: Optional[str] = Field(HELLASWAG_VAL_URL, description="URL or local jsonl; null: no HellaSwag")
     # model
     model: str = Field("d12", description="model descriptor (d12, ...) or 'n_layer=..,n_head=..,n_embd=..,block_size=..'")
@@ -64,7 +65,8 @@ class _PipelineFields(BaseModel):
         "of slurm.nodes nodes, one torchrun each (docs/pipeline.md, Beyond one machine)")
     slurm: SlurmSettings = Field(SlurmSettings(), description="the Slurm job of launcher=slurm: partition, account, "
                                  "time_limit, nodes, gpus_per_node, sbatch_options, setup, ...")
-    train_timeout_s: Optional[float] = Field(None, gt=0, description="kill training after this long (not retried)")
+    train_timeout_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
+                                             description="kill training after this long (not retried)")
     # final evaluation and samples (prompt and length: the training settings sample_prompt, sample_tokens)
     eval: EvalSettings = Field(EvalSettings(), description="how checkpoints are evaluated")
     num_samples: int = Field(4, ge=1, description="samples of the final checkpoint")
@@ -75,15 +77,35 @@ class _PipelineFields(BaseModel):
         """Names become folder names under `root`: refuse anything that would climb out of it."""
         return check_name(value, info.field_name)
 
+    @field_validator("shard_size")
+    @classmethod
+    def _a_shard_that_fits(cls, value: int) -> int:
+        check_shard_size(value)  # data.shards' own bound, checked before the shard folder is touched
+        return value
+
+    @field_validator("tokenize_workers")
+    @classmethod
+    def _workers_the_cores_can_run(cls, value: int | None) -> int | None:
+        check_num_workers(value, "tokenize_workers")
+        return value
+
 
 def _training_fields() -> dict[str, Any]:
     """TrainConfig's fields, less those the pipeline wires itself, as optional pydantic fields; None: gpt2.train's
     default."""
     types = typing.get_type_hints(TrainConfig)
-    return {
-        f.name: (Optional[types[f.name]], Field(None, description=f"{f.metadata['help']} (gpt2.train default: {f.default})"))
-        for f in dataclasses.fields(TrainConfig) if f.name not in WIRED_FIELDS
-    }
+    fields = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in WIRED_FIELDS:
+            continue
+        description = f"{f.metadata['help']} (gpt2.train default: {f.default})"
+        annotation = Optional[types[f.name]]
+        if types[f.name] is float:
+            # JSON has no NaN or infinity: a client sends them as null, which would silently mean "the default".
+            # The run's parameter schema (checked by the server) takes a number only; leaving it out is the default.
+            annotation = Annotated[annotation, WithJsonSchema({"type": "number", "description": description})]
+        fields[f.name] = (annotation, Field(None, description=description))
+    return fields
 
 
 class PipelineSettings(create_model("_Settings", __base__=_PipelineFields, **_training_fields())):
@@ -133,11 +155,13 @@ def settings_parameters(extra: tuple[inspect.Parameter, ...] = ()) -> Callable[[
     """Give a flow function `fn(**parameters)` the signature of PipelineSettings' fields (keyword-only).
 
     Prefect builds the parameter form, the schema the server checks runs against and the binding of a
-    run's parameters from this signature, so every setting is a typed parameter of its own.
+    run's parameters from this signature, so every setting is a typed parameter of its own, with its field's
+    metadata (bounds, the JSON schema of a float training setting) as the settings model has it.
     """
     def decorate(fn: Callable) -> Callable:
         params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=field.default,
-                                    annotation=field.annotation)
+                                    annotation=Annotated[field.annotation, *field.metadata] if field.metadata
+                                    else field.annotation)
                   for name, field in PipelineSettings.model_fields.items()]
         fn.__signature__ = inspect.Signature([*params, *extra])
         return fn

@@ -36,9 +36,9 @@ import torch
 from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
-from common.files import (atomic_directory, naming_disk_full, read_json, remove_stale_tmp_dirs, require_free_space,
-                          sha256_file, write_json)
-from gpt2.config import GPTConfig, parse_model_spec
+from common.files import (atomic_directory, naming_disk_full, parse_json, read_json, remove_stale_tmp_dirs,
+                          require_free_space, sha256_file, write_json)
+from gpt2.config import GPTConfig, parse_model_spec, require_weights_in_file
 from gpt2.model import GPT
 from gpt2.run_dir import RunDir
 
@@ -244,15 +244,38 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     sizes only, for a checkpoint verified moments ago)."""
     path = Path(path)
     require_current_format(path, verify_checkpoint(path, hashes))
+    tensors = read_tensors(path / TENSORS_FILE, CheckpointError, map_location)
     try:
-        tensors = load_tensors(path / TENSORS_FILE, device=str(map_location))
-    except Exception as e:  # safetensors' own errors do not say which file
-        raise CheckpointError(f"{path / TENSORS_FILE}: cannot be loaded ({type(e).__name__}: {e})") from e
-    try:
-        data = json.loads((path / DATA_FILE).read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+        data = parse_json((path / DATA_FILE).read_text(), str(path / DATA_FILE), CheckpointError)
+    except UnicodeDecodeError as e:
         raise CheckpointError(f"{path / DATA_FILE}: not valid JSON ({e})") from e
-    return _join_tensors(data, tensors, path / DATA_FILE)
+    state = _join_tensors(data, tensors, path / DATA_FILE)
+    _check_model_config(state, path / DATA_FILE)
+    return state
+
+
+def _check_model_config(state: Any, where: Path) -> None:
+    """A CheckpointError naming `where` unless its model_config is a model shape that its stored weights can
+    fill: checked here, before any model of that shape is allocated."""
+    try:
+        config = model_config_of(state)
+        stored = sum(t.numel() for name, t in state["model"].items() if name != "lm_head.weight")  # tied to wte
+        require_weights_in_file(config, stored, str(where))
+    except (KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{where}: no usable model_config and model weights ({type(e).__name__}: {e})") from e
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
+
+
+def read_tensors(path: Path, error: type[Exception] = ValueError,
+                 map_location: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; one that cannot be read (a header too large for the file, bad JSON,
+    offsets outside it: safetensors checks them before reading any tensor) raises `error` naming the file, which
+    safetensors' own errors do not."""
+    try:
+        return load_tensors(path, device=str(map_location))
+    except Exception as e:
+        raise error(f"{path}: cannot be loaded ({type(e).__name__}: {e})") from e
 
 
 def model_config_of(state: dict[str, Any]) -> GPTConfig:

@@ -54,6 +54,13 @@ class GPTConfig:
     def head_size(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the model of this shape, counted from its dimensions alone (nothing allocated): wte with
+        its padding rows (tied to lm_head), wpe, per layer 12*C^2 + 13*C (attention, MLP, two layer norms), ln_f."""
+        C = self.n_embd
+        return self.padded_vocab_size * C + self.block_size * C + self.n_layer * (12 * C * C + 13 * C) + 2 * C
+
     @classmethod
     def from_descriptor(cls, descriptor: str) -> "GPTConfig":
         """`dN` or `gpt2:dN` (GPT-2 family, N layers) or `gpt3:cN` (GPT-3 family, N channels), as llm.c names them."""
@@ -69,6 +76,18 @@ class GPTConfig:
                 return cls(n_layer=depth, n_head=channels // head_size, n_embd=channels, block_size=2048)
         known = [f"d{d}" for d in _GPT2_SHAPES] + [f"gpt3:c{c}" for c in _GPT3_SHAPES]
         raise ValueError(f"unknown model descriptor {descriptor!r}; known: {', '.join(known)}")
+
+
+def require_weights_in_file(config: GPTConfig, stored: int, where: str) -> None:
+    """ValueError naming `where` unless a file that holds `stored` weights can hold a model of `config`'s shape
+    (wte's padding rows aside, which no file has to store): dimensions read from a header or a config file are
+    checked against the file itself before the model is allocated, so a few bytes cannot ask for gigabytes."""
+    needed = config.num_parameters - (config.padded_vocab_size - config.vocab_size) * config.n_embd
+    if stored < needed:
+        raise ValueError(
+            f"{where}: describes a model of {needed:,} weights (n_layer={config.n_layer}, n_embd={config.n_embd}, "
+            f"vocab_size={config.vocab_size}, block_size={config.block_size}) but holds {stored:,}; "
+            "it is corrupt or not this model's")
 
 
 def parse_model_spec(spec: str) -> GPTConfig:

@@ -22,7 +22,7 @@ import torch
 from common.files import atomic_directory, write_json
 from data.tokenizer import EOT, gpt2_bpe_files
 from gpt2.config import VOCAB_SIZE as GPT2_VOCAB_SIZE
-from gpt2.config import GPTConfig
+from gpt2.config import GPTConfig, require_weights_in_file
 from gpt2.model import GPT
 
 # the weights Hugging Face keeps as Conv1D (in, out)
@@ -138,9 +138,9 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
 
 def _read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     if (directory / "model.safetensors").exists():
-        from safetensors.torch import load_file
+        from gpt2.checkpoint import read_tensors
 
-        return load_file(str(directory / "model.safetensors"))
+        return read_tensors(directory / "model.safetensors")
     if (directory / "pytorch_model.bin").exists():
         return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise FileNotFoundError(
@@ -183,6 +183,8 @@ def import_hf(directory: str | os.PathLike, device: torch.device | str = "cpu") 
         for k, v in state.items()
         if not k.endswith(_BUFFER_SUFFIXES)
     }
+    stored = sum(t.numel() for name, t in state.items() if name != "lm_head.weight")  # lm_head: a copy of wte
+    require_weights_in_file(config, stored, str(directory))
     model = GPT.empty(config)
     ours = model.state_dict()
     missing = sorted(set(ours) - set(state) - {"lm_head.weight"})

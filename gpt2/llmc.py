@@ -113,10 +113,8 @@ def read_model_file(path: str | os.PathLike, device: torch.device | str = "cpu")
     """Read an llm.c model file into a float32 GPT (a bf16 file gives its exact bf16 values)."""
     path = Path(path)
     config, version = read_header(path)
-    model = GPT.empty(config)
-    params = _file_order(model)
     itemsize = 4 if version == 3 else 2
-    expected = HEADER_BYTES + itemsize * sum(p.numel() for p in params)
+    expected = HEADER_BYTES + itemsize * config.num_parameters  # from the header alone: nothing allocated yet
     actual = path.stat().st_size
     if actual != expected:
         problem = "is truncated" if actual < expected else "has trailing bytes"
@@ -125,6 +123,8 @@ def read_model_file(path: str | os.PathLike, device: torch.device | str = "cpu")
             f"C={config.n_embd}, Vp={config.padded_vocab_size}, maxT={config.block_size}) needs {expected}; "
             f"the file {problem}"
         )
+    model = GPT.empty(config)
+    params = _file_order(model)
     body = np.fromfile(path, dtype="<f4" if version == 3 else "<i2", offset=HEADER_BYTES)
     flat = torch.from_numpy(body)
     if version == 5:

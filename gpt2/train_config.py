@@ -12,12 +12,14 @@ import dataclasses
 import difflib
 import glob
 import json
+import math
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from common.limits import gigabytes, physical_memory
 from data.loader import ORDERS
 from gpt2.config import VOCAB_SIZE, GPTConfig, parse_model_spec
 from gpt2.distributed import DEVICES, DTYPES
@@ -26,6 +28,8 @@ LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
 # the fields a pipeline fills in from its own parameters and stages, never from its training settings
 WIRED_FIELDS = ("model", "seed", "train_data", "val_data", "hellaswag", "out_dir", "init_from")
 MODEL_FILE_DTYPES = ("float32", "bfloat16")
+SEED_RANGE = (0, 2**64 - 1)  # what torch.manual_seed takes (llm.c's mt19937 uses its low 32 bits)
+INT64_RANGE = (-(2**63), 2**63 - 1)  # what torch and numpy take: every other integer setting lies within it
 
 
 class ConfigError(ValueError):
@@ -240,8 +244,9 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
+    problems += _number_problems(config)
     positive = ("batch_size", "seq_len", "total_batch_size", "max_steps", "val_steps", "keep_last", "guard_window",
-                "max_bad_steps", "log_every", "sample_tokens")
+                "max_bad_steps", "log_every", "sample_tokens", "eps")
     non_negative = ("warmup_steps", "val_every", "hellaswag_every", "sample_every", "checkpoint_every", "lr",
                     "weight_decay", "grad_clip", "skip_loss_z", "skip_norm_z", "peak_flops", "keep_mlp_post_gb")
     problems += [f"{n} must be > 0, got {getattr(config, n)}" for n in positive if getattr(config, n) <= 0]
@@ -254,6 +259,7 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
             f"{config.batch_size}*{config.seq_len}*{world_size} = {micro}; set total_batch_size to a multiple "
             f"of {micro} (e.g. {max(1, round(config.total_batch_size / micro)) * micro}) or change B/T"
         )
+    problems += _memory_problems(config, model)
     if config.seq_len > model.block_size:
         problems.append(f"seq_len={config.seq_len} exceeds the model's max_seq_len {model.block_size}; "
                         f"use --seq-len {model.block_size} or less")
@@ -285,6 +291,31 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
     if problems:
         raise ConfigError("invalid training config:\n  - " + "\n  - ".join(problems))
     return model
+
+
+def _number_problems(config: TrainConfig) -> list[str]:
+    """Numbers the code below them cannot take: NaN or infinite floats, integers beyond int64, a seed torch
+    refuses. Checked for every field, so a field added later is bounded too."""
+    problems = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{f.name} must be a finite number, got {value}")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            low, high = SEED_RANGE if f.name == "seed" else INT64_RANGE
+            if not low <= value <= high:
+                problems.append(f"{f.name}={value} is out of range: it must lie in [{low}, {high}]")
+    return problems
+
+
+def _memory_problems(config: TrainConfig, model: GPTConfig) -> list[str]:
+    """The model's float32 weights must fit in this machine's memory: the init stage, evaluation, sampling and
+    export build the whole model on the CPU. Counted from the shape alone, before anything is allocated."""
+    needed = 4 * model.num_parameters
+    if needed <= physical_memory():
+        return []
+    return [f"model={config.model!r} has {model.num_parameters:,} parameters, {gigabytes(needed)} of float32 "
+            f"weights, more than this machine's {gigabytes(physical_memory())} of memory; choose a smaller model"]
 
 
 def _input_problems(config: TrainConfig) -> list[str]:

@@ -46,6 +46,11 @@ class EvalSettings:
     val_steps: int | None = None
     device: str = "auto"
 
+    def __post_init__(self) -> None:  # checked with every other setting, before any stage runs
+        for name in ("batch_size", "seq_len", "val_steps"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ValueError(f"eval.{name} must be >= 1 (or null: the run's own), got {value}")
+
     def args(self, run_dir: RunDir) -> list[str]:
         """gpt2.evaluate's flags for a checkpoint of the run in `run_dir`."""
         run_config = read_json(run_dir.config) if run_dir.config.exists() else {}

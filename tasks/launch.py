@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -63,10 +64,29 @@ class Rendezvous:
     master_port: int = 29500
     max_restarts: int = 0  # torchrun restarts all ranks this often after a rank fails (then the task retries)
 
+    def __post_init__(self) -> None:  # checked with every other setting, before any stage runs
+        problems = []
+        if self.nnodes < 1:
+            problems.append(f"nnodes must be >= 1, got {self.nnodes}")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            problems.append(f"node_rank must lie in [0, nnodes={self.nnodes}), got {self.node_rank}")
+        if not 1 <= self.master_port <= 65535:
+            problems.append(f"master_port must be a TCP port (1 to 65535), got {self.master_port}")
+        if self.max_restarts < 0:
+            problems.append(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if problems:
+            raise ValueError("rendezvous." + "; rendezvous.".join(problems))
+
+    @property
+    def torchrun_module(self) -> str:
+        """One machine: torchrun with its stores on loopback (common.loopback_torchrun); several: torchrun."""
+        return "common.loopback_torchrun" if self.nnodes == 1 else "torch.distributed.run"
+
     def torchrun_args(self, run_id: str | None = None) -> list[str]:
         restarts = [f"--max-restarts={self.max_restarts}"]
-        if self.nnodes == 1:
-            return ["--standalone", *restarts]
+        if self.nnodes == 1:  # the rendezvous and the ranks' store on 127.0.0.1, a free port; nothing leaves the host
+            return ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1",
+                    f"--rdzv-id={run_id or uuid.uuid4().hex}", *restarts]
         if self.rdzv_endpoint:
             if not (self.rdzv_id or run_id):
                 raise ValueError("a c10d rendezvous needs an id shared by the nodes of one run: set rdzv_id")
@@ -97,7 +117,7 @@ def torchrun_command(module: str, args: Sequence[str], nproc: int, rendezvous: R
     """
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    return [python, "-m", "torch.distributed.run", *rendezvous.torchrun_args(run_id),
+    return [python, "-m", rendezvous.torchrun_module, *rendezvous.torchrun_args(run_id),
             f"--nproc-per-node={nproc}", "-m", "common.lifetime", python, "-m", module, *args]
 
 

@@ -1,17 +1,35 @@
-"""Retry policies: transient failures (network, a crashed training process) retry; deterministic ones don't.
+"""The one retry policy: every failure is classified here, once; transient ones retry, the rest fail at once.
 
-A bad config, a corrupt input, a missing local file or a full disk fails the same way every time, so
-retrying only delays the error; those surface at once with their own message.
+Transient: the network (connection errors, timeouts, HTTP 408/425/429/5xx), a Prefect server that is away, a
+training process that crashed (killed, out of memory, a node lost: a retry resumes from its checkpoint).
+Everything else fails the same way every time, so retrying only delays the error: a bad setting, a corrupt
+input or shard, a diverged run, a full or read-only disk, a name too long for the filesystem, a missing
+file. Those surface at once with their own message.
+
+`is_transient` decides for an exception raised in this process; a failed child process (`CommandFailed`) is
+judged by the error its last output lines name. Work that only reports to the server (progress, summaries)
+goes through `best_effort`, so an outage of any length never fails it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from prefect.task_engine import TaskRunTimeoutError
 from prefect.tasks import exponential_backoff
 
-from common.network import is_transient_network_error
+from common.network import NETWORK_ERRNOS, is_transient_network_error
+from tasks.launch import CommandFailed
+
+# errors a child process (gpt2.train, ...) may end with that a rerun would meet again, by class name: the
+# child's traceback names them, qualified (`gpt2.guard.TrainingDivergedError: ...`)
+DETERMINISTIC_CHILD_ERRORS = ("DiskFull", "CheckpointError", "ConfigError", "TrainingDivergedError", "ShardError",
+                              "EvalFileError")
+_ERRNO_IN_OUTPUT = re.compile(r"\w+Error: \[Errno (\d+)\]")  # an exception line: `OSError: [Errno 30] ...`
+_CHILD_ERROR_LINE = re.compile(rf"\b(?:{'|'.join(DETERMINISTIC_CHILD_ERRORS)}): ")
 
 
 class TransientError(RuntimeError):
@@ -19,8 +37,21 @@ class TransientError(RuntimeError):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for network trouble (connection errors, timeouts, 408/429/5xx) and `TransientError`."""
-    return isinstance(exc, TransientError) or is_transient_network_error(exc)
+    """True for network trouble (connection errors, timeouts, 408/429/5xx), `TransientError` and a child process
+    that crashed; False for everything else."""
+    if isinstance(exc, TransientError):
+        return True
+    if isinstance(exc, CommandFailed):
+        return child_failure_is_transient(str(exc))
+    return is_transient_network_error(exc)
+
+
+def child_failure_is_transient(output: str) -> bool:
+    """Whether a child process that failed with this output (its last lines) may pass on a rerun: a crash (a
+    signal, an out-of-memory kill, a lost peer) may; an error that the same inputs raise again does not."""
+    if _CHILD_ERROR_LINE.search(output):
+        return False
+    return all(int(number) in NETWORK_ERRNOS for number in _ERRNO_IN_OUTPUT.findall(output))
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:
@@ -45,3 +76,30 @@ NETWORK_RETRIES: dict[str, Any] = dict(
     retry_jitter_factor=0.5,
     retry_condition_fn=retry_if_transient,
 )
+
+
+T = TypeVar("T")
+
+
+def best_effort(what: str, send: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """`send(*args, **kwargs)` when the server can be reached; on a transient failure (the API is away) log a
+    warning naming `what` and return None, so reporting never fails the work it reports on. Other errors
+    (a bug, a refused request) still raise."""
+    try:
+        return send(*args, **kwargs)
+    except Exception as e:
+        if not is_transient(e):
+            raise
+        _logger().warning("could not send %s to the Prefect API (%s: %s); the work goes on", what, type(e).__name__, e)
+        return None
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    """The run's logger inside a flow or task run (the worker's log has it as well), else this module's."""
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger(__name__)

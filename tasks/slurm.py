@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.launch import Rendezvous, Stopped, flow_run_ending, stopped_with_flow_run, torchrun_command
-from tasks.retry import TransientError
+from tasks.retry import TransientError, child_failure_is_transient
 
 # JobState values after which the job never runs again (a requeued job goes back to PENDING instead)
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -70,6 +70,8 @@ class SlurmSettings:
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.tasks_per_node < 1 or self.gpus_per_node < 0:
             raise ValueError(f"slurm: nodes and tasks_per_node must be >= 1 and gpus_per_node >= 0, got {self}")
+        if not 1 <= self.rdzv_port <= 65535 or not self.poll_s > 0:
+            raise ValueError(f"slurm: rdzv_port must be a TCP port (1 to 65535) and poll_s > 0, got {self}")
         if self.heartbeat_timeout_s <= 2 * self.poll_s:
             raise ValueError(f"slurm.heartbeat_timeout_s={self.heartbeat_timeout_s} must exceed twice poll_s="
                              f"{self.poll_s}: the task touches the heartbeat once per poll")
@@ -251,7 +253,9 @@ def run_job(script: Path, heartbeat: Path, output: Callable[[str], Path], settin
                f"nodes {info.nodes}); output {record.output}, last lines:\n" + "\n".join(tail))
     if info.state == "CANCELLED":  # by someone outside the pipeline (or by its watchdog): not retried
         raise RuntimeError(message)
-    raise TransientError(message)
+    # a crash or a lost node is retried (the new job resumes); an error the job's output names that a rerun
+    # would meet again (divergence, a bad shard, a full disk) is not
+    raise (TransientError if child_failure_is_transient("\n".join(tail)) else RuntimeError)(message)
 
 
 def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSettings) -> tuple[JobInfo, list[str]]:

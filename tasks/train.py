@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from common.files import DiskFull, read_json, write_json
-from gpt2.checkpoint import CheckpointError
+from common.files import read_json, write_json
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
 from tasks.cancel_watch import watch_for_cancellation
-from tasks.launch import CommandFailed, Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
+from tasks.launch import Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
-from tasks.retry import TransientError, retry_if_transient
+from tasks.retry import best_effort, retry_if_transient
 from tasks.slurm import SlurmJobRecord, SlurmSettings, job_script, run_job
 from tasks.tokenize import ShardsRecord
 
@@ -42,12 +41,10 @@ if TYPE_CHECKING:
 # modules whose source determines the stage's output (their edits invalidate its cache and name a new run)
 TRAIN_CODE = MODEL_CODE + ("gpt2.train",)
 
-TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its latest checkpoint
+TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its latest checkpoint (tasks.retry)
 TRAIN_RETRY_DELAY_S = 30
 PROGRESS_POLL_S = 1.0  # how often the metrics file is looked at for progress
-# errors of the training process that a retry would meet again: a full disk (path, bytes needed and free), a
-# checkpoint that cannot be loaded (e.g. of the older pickled format, with the command that converts it)
-NOT_RETRIED = (DiskFull, CheckpointError)
+PROGRESS_PAUSE_S = 30.0  # after a progress update the API did not take, the next try waits this long
 Launcher = Literal["local", "slurm"]
 
 
@@ -68,17 +65,22 @@ class TrainRecord(StageRecord):
 
 class _ProgressReporter:
     """A Prefect progress artifact (updated every whole percent) that follows the steps gpt2.train appends
-    to the run's metrics file; it reads only the bytes added since its last look."""
+    to the run's metrics file; it reads only the bytes added since its last look.
+
+    Progress is reported, never relied on: while the API is away an update is dropped (tasks.retry.best_effort)
+    and the next one waits PROGRESS_PAUSE_S, so training and its log lines go on through an outage of any length.
+    """
 
     def __init__(self, metrics: Path, max_steps: int, key: str):
-        self.metrics, self.max_steps = metrics, max_steps
-        self.artifact_id = create_progress_artifact(0.0, key=key, description="training progress")
-        self.shown, self.offset, self.inode, self.checked = 0, 0, None, 0.0
+        self.metrics, self.max_steps, self.key = metrics, max_steps, key
+        self.offset, self.inode, self.next_check = 0, None, 0.0
+        self.reached, self.shown, self.artifact_id = 0, -1, None  # percent in the metrics file, percent sent
+        self._send()
 
     def poll(self, now: bool = False) -> None:
-        if not now and time.monotonic() - self.checked < PROGRESS_POLL_S:
+        if not now and time.monotonic() < self.next_check:
             return
-        self.checked = time.monotonic()
+        self.next_check = time.monotonic() + PROGRESS_POLL_S
         try:
             stat = os.stat(self.metrics)
         except FileNotFoundError:
@@ -91,10 +93,23 @@ class _ProgressReporter:
         complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
         self.offset += len(complete)
         steps = [r["step"] + 1 for r in map(json.loads, complete.splitlines()) if r.get("kind") == "train"]
-        percent = int(100 * max(steps) / self.max_steps) if steps else 0
-        if percent > self.shown:
-            update_progress_artifact(self.artifact_id, float(percent))
-            self.shown = percent
+        if steps:
+            self.reached = max(self.reached, int(100 * max(steps) / self.max_steps))
+        if self.reached > self.shown:
+            self._send()
+
+    def _send(self) -> None:
+        if self.artifact_id is None:  # the first time, or the API was away then
+            self.artifact_id = best_effort("the training progress artifact", create_progress_artifact,
+                                           float(self.reached), key=self.key, description="training progress")
+            sent = self.artifact_id is not None
+        else:
+            sent = best_effort("training progress", update_progress_artifact, self.artifact_id,
+                               float(self.reached)) is not None
+        if sent:
+            self.shown = self.reached
+        else:
+            self.next_check = time.monotonic() + PROGRESS_PAUSE_S
 
 
 def world_shape(launcher: Launcher, nproc: int | None, rendezvous: Rendezvous, slurm: SlurmSettings) -> tuple[int, int]:
@@ -147,16 +162,13 @@ def train(
 
     train_args = ["--config", str(run_dir.launch_config)]
     job = None
-    try:
-        with watch_for_cancellation(stop=stop_all):  # a cancel the worker no longer sees still stops training
-            if launcher == "slurm":
-                job = _run_slurm_job(run_dir, run_id, train_args, nproc, rendezvous.max_restarts, slurm, on_line)
-            else:
-                run_streaming(torchrun_command("gpt2.train", train_args, nproc, rendezvous, run_id=run_id), on_line)
-    except CommandFailed as e:  # a crash (OOM, node failure, NaN guard): retried, resuming from a checkpoint
-        if any(f"{error.__name__}: " in str(e) for error in NOT_RETRIED):
-            raise  # fails the same way every time: now, with the error in the output's last lines
-        raise TransientError(str(e)) from e
+    # a crash (OOM, node failure) fails with CommandFailed, retried from the latest checkpoint; an error a rerun
+    # would meet again (divergence, a bad shard, a full disk) fails at once: tasks.retry classifies it
+    with watch_for_cancellation(stop=stop_all):  # a cancel the worker no longer sees still stops training
+        if launcher == "slurm":
+            job = _run_slurm_job(run_dir, run_id, train_args, nproc, rendezvous.max_restarts, slurm, on_line)
+        else:
+            run_streaming(torchrun_command("gpt2.train", train_args, nproc, rendezvous, run_id=run_id), on_line)
     progress.poll(now=True)
     return _train_record(run_dir, config, job)
 
@@ -191,8 +203,9 @@ def _train_record(run_dir: RunDir, config: TrainConfig, job: SlurmJobRecord | No
     if job:
         markdown += (f"\nSlurm job {job.job_id} ({job.state}, requeued {job.restarts} time(s)) on nodes {job.nodes}; "
                      f"script {job.script}, output {job.output}\n")
-    create_markdown_artifact(markdown, key=artifact_key("train-summary", run_dir.root.name),
-                             description="final loss, tokens/s and MFU against the reference points")
+    best_effort("the training summary artifact", create_markdown_artifact, markdown,
+                key=artifact_key("train-summary", run_dir.root.name),
+                description="final loss, tokens/s and MFU against the reference points")
     return TrainRecord(
         files=final.files + (FileRef.of(run_dir.summary),), run_dir=str(run_dir.root), checkpoint=final,
         steps=final.step, tokens=tokens, train_loss=figures["train_loss"], val_loss=figures["val_loss"],

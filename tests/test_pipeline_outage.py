@@ -1,27 +1,33 @@
-"""A cancel after a server outage still stops training, through a real Prefect server, worker and CLI.
+"""Server outages, through a real Prefect server, worker and CLI.
 
 The server is SIGKILLed mid-training and kept down for over a minute -- long enough for the worker's
-cancellation observers to give up ("Cancellation observer failed") -- then restarted on the same database.
-Training goes on through the outage; `prefect flow-run cancel` afterwards (what the UI's button does) stops
-it within a minute, no later stage runs, and the run ends Cancelled (tasks/cancel_watch.py).
+cancellation observers to give up ("Cancellation observer failed") and for the API client's own retries to
+run out -- then restarted on the same database. Training goes on through the outage, the same processes,
+never failed or retried for it, and its progress is reported again once the server is back (tasks/retry.py,
+best_effort); `prefect flow-run cancel` afterwards (what the UI's button does) stops it within a minute, no
+later stage runs, and the run ends Cancelled (tasks/cancel_watch.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
 from tests.fixtures.processes import free_port, training_processes, wait_for
+from tests.test_pipeline_bounds import task_runs
 from tests.test_pipeline_server import (LONG_TRAINING, PREFECT, Server, _healthy, _wait_until, copy_tree,
                                         task_states, wait_for_final_state)
 
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 65  # over a minute: the worker's websocket and polling observers both give up within it
+LONG_OUTAGE_S = 110  # beyond the API client's retries of one request (about a minute)
 CANCEL_DEADLINE_S = 60
 
 
@@ -88,3 +94,45 @@ def test_a_cancel_after_a_server_outage_of_over_a_minute_stops_training_and_ever
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
+
+
+def _progress(server, flow_run_id: str) -> float | None:
+    """The training progress artifact's percent, as the UI shows it."""
+    request = urllib.request.Request(
+        f"{server.env['PREFECT_API_URL']}/artifacts/filter", method="POST",
+        data=json.dumps({"artifacts": {"type": {"any_": ["progress"]}, "flow_run_id": {"any_": [flow_run_id]}}}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        artifacts = json.load(response)
+    return max((float(a["data"]) for a in artifacts), default=None)
+
+
+def test_training_goes_on_through_a_long_server_outage_and_reports_progress_again_after_it(server):
+    """Finding 7: with the server away for 93 s, the progress artifact update from the training output callback
+    raised ConnectError about 68 s in, and training was killed."""
+    worker = server.start_worker("outlasts")
+    try:
+        # 1000 steps: a whole percent every 10 steps, so progress is sent again and again during the outage
+        flow_run_id = server.run("gpt2-train/smoke", "--param", "run_name=outlasts", "--param", "max_steps=1000",
+                                 "--param", "checkpoint_every=0", "--param", "val_every=0")
+        _wait_until(lambda: (_progress(server, flow_run_id) or 0) >= 1, 600, "training to report progress")
+        before = sorted(pid for pid, _ in training_processes("outlasts"))
+
+        server.kill()
+        time.sleep(LONG_OUTAGE_S)
+        assert sorted(pid for pid, _ in training_processes("outlasts")) == before, \
+            "training was killed (or restarted) during the outage"
+        server.start()
+        shown = _progress(server, flow_run_id)
+        _wait_until(lambda: _progress(server, flow_run_id) > shown, 300, "progress to be reported again")
+        assert sorted(pid for pid, _ in training_processes("outlasts")) == before
+        train = task_runs(server, flow_run_id)["train"]
+        assert (train["state"]["type"], train["run_count"]) == ("RUNNING", 1), train
+
+        server.prefect("flow-run", "cancel", flow_run_id)
+        wait_for(lambda: not training_processes("outlasts"), CANCEL_DEADLINE_S)
+        assert wait_for_final_state(server, flow_run_id, 120)["state"]["type"] == "CANCELLED"
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+

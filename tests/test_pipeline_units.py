@@ -154,8 +154,11 @@ def test_run_streaming_kills_the_whole_process_group_when_interrupted():
 
 def test_torchrun_command_single_node_and_rendezvous():
     single = torchrun_command("gpt2.train", ["--config", "c.json"], nproc=2, run_id="run7")
-    assert single[1:] == ["-m", "torch.distributed.run", "--standalone", "--max-restarts=0", "--nproc-per-node=2",
-                          "-m", "common.lifetime", sys.executable, "-m", "gpt2.train", "--config", "c.json"]
+    # one machine: torchrun whose stores listen on loopback only (test_launch_loopback.py watches a real one)
+    assert single[1:] == ["-m", "common.loopback_torchrun", "--nnodes=1", "--rdzv-backend=c10d",
+                          "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", "--rdzv-id=run7", "--max-restarts=0",
+                          "--nproc-per-node=2", "-m", "common.lifetime", sys.executable, "-m", "gpt2.train", "--config",
+                          "c.json"]
     elastic = Rendezvous(nnodes=2, rdzv_endpoint="node0:29400", max_restarts=3).torchrun_args("run7")
     assert elastic == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29400", "--rdzv-id=run7",
                        "--max-restarts=3"]  # the run's own id, shared by its nodes, new for every run

@@ -1,0 +1,116 @@
+"""The one retry policy (tasks.retry): real failures, produced by the real code paths, classified once.
+
+Transient: the network, a server that is away, a training process that crashed. Everything else fails at
+once: a read-only or permission-denied folder, a name too long for the filesystem, a diverged run, a corrupt
+shard. And reporting to the server is best-effort: an unreachable API never fails the work it reports on.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.launch import CommandFailed, run_streaming
+from tasks.retry import is_transient
+from tests.fixtures.processes import free_port
+from tests.fixtures.train.tiny import tiny_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _failure_of(fn, *args):
+    with pytest.raises(BaseException) as info:
+        fn(*args)
+    return info.value
+
+
+def test_a_name_too_long_for_the_filesystem_is_not_transient(tmp_path):
+    """Finding 8: a 300-character run_name (OSError [Errno 36]) was tried 3 times."""
+    error = _failure_of(os.mkdir, tmp_path / ("r" * 300))
+    assert error.errno == errno.ENAMETOOLONG
+    assert not is_transient(error)
+
+
+@pytest.mark.parametrize("number", [errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT, errno.ENOENT,
+                                    errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EMFILE])
+def test_an_os_error_of_the_local_machine_is_not_transient(number):
+    """Finding 8: a read-only artifacts mount (EROFS) was retried 5 times by hellaswag, 3 by train."""
+    assert not is_transient(OSError(number, os.strerror(number), "/artifacts/x"))
+
+
+@pytest.mark.parametrize("number", [errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT, errno.EHOSTUNREACH,
+                                    errno.ENETUNREACH])
+def test_an_os_error_of_the_network_is_transient(number):
+    assert is_transient(OSError(number, os.strerror(number)))
+
+
+def test_a_connection_refused_by_a_real_socket_is_transient():
+    import socket
+
+    error = _failure_of(socket.create_connection, ("127.0.0.1", free_port()))
+    assert is_transient(error)
+
+
+def _train(config_path: Path) -> CommandFailed:
+    """gpt2.train on `config_path` as the train stage runs it; the CommandFailed it ends with."""
+    lines = []
+    return _failure_of(run_streaming, [sys.executable, "-m", "gpt2.train", "--config", str(config_path)], lines.append)
+
+
+def _write_config(tmp_path: Path, **overrides) -> Path:
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(tiny_config(tmp_path, **overrides).to_dict()))
+    return path
+
+
+def test_a_diverged_training_run_is_not_retried(tmp_path):
+    """Finding 8: lr=1e308 (TrainingDivergedError) was tried 3 times."""
+    error = _train(_write_config(tmp_path, lr=1e308, max_steps=20, warmup_steps=0, max_bad_steps=2))
+    assert isinstance(error, CommandFailed) and "TrainingDivergedError" in str(error)
+    assert not is_transient(error)
+
+
+def test_a_corrupt_shard_is_not_retried(tmp_path):
+    """Finding 8: a ShardError was tried 3 times."""
+    config = _write_config(tmp_path)
+    shard = tmp_path / "shards" / "tiny_train_000001.bin"
+    shard.write_bytes(shard.read_bytes()[:5000])  # truncated: the header's token count no longer fits
+    error = _train(config)
+    assert "ShardError" in str(error)
+    assert not is_transient(error)
+
+
+def test_a_training_process_killed_by_a_signal_is_retried(tmp_path):
+    """A crash (OOM killer, a lost node) may pass: a retry resumes from the latest checkpoint."""
+    error = _failure_of(run_streaming, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                        lambda line: None)
+    assert isinstance(error, CommandFailed) and error.returncode == -signal.SIGKILL
+    assert is_transient(error)
+
+
+def test_reporting_to_an_api_that_is_away_never_fails_the_work(capfd):
+    """Finding 7: the progress artifact update raised ConnectError from the training output callback."""
+    from prefect.artifacts import update_progress_artifact
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from tasks.retry import best_effort
+
+    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api", PREFECT_CLIENT_MAX_RETRIES: 0}):
+        import uuid
+
+        assert best_effort("training progress", update_progress_artifact, uuid.uuid4(), 50.0) is None
+    assert "could not send training progress to the Prefect API" in capfd.readouterr().err  # Prefect's console log
+
+
+def test_a_bug_in_what_is_reported_still_raises():
+    from tasks.retry import best_effort
+
+    with pytest.raises(AttributeError):
+        best_effort("training progress", lambda: None.missing)
