@@ -159,7 +159,8 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
     train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, order=config.train_order,
                                          seed=config.seed)
-    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world, order="file") if config.val_every else None
+    val_loader = (DistributedDataLoader(config.val_data, B, T, rank, world, order="file", split="val")
+                  if config.val_every else None)
 
     if state is not None and "optimizer" in state:  # step 0 holds only the model
         if state["world_size"] != world:

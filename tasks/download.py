@@ -10,8 +10,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from common.paths import listed_file
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key
+from tasks.common import artifact_key, writing
 from tasks.retry import NETWORK_RETRIES
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -82,9 +83,12 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
                 report(done / total)
             logger.info("%s: %s documents downloaded", source, f"{done:,}")
 
-        path = fineweb.download(source, config, out_dir, limit, replace=True, progress=progress)
-        manifest = json.loads((path / fineweb.DOWNLOAD_MANIFEST).read_text())
-        refs = [FileRef.with_sha256(path / f["file"], f["sha256"]) for f in manifest["files"]]  # verified by download
+        with writing(out_dir):
+            path = fineweb.download(source, config, out_dir, limit, replace=True, progress=progress)
+        manifest_path = path / fineweb.DOWNLOAD_MANIFEST
+        manifest = json.loads(manifest_path.read_text())
+        refs = [FileRef.with_sha256(listed_file(path, f["file"], manifest_path), f["sha256"])  # verified by download
+                for f in manifest["files"]]
         refs.append(FileRef.of(path / fineweb.DOWNLOAD_MANIFEST))
         identity = {k: manifest[k] for k in ("hub", "config", "revision", "limit")}
         num_documents = manifest["num_documents"]
