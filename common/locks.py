@@ -44,7 +44,7 @@ def folder_lock(folder: str | os.PathLike, wait: bool = False, on_wait: Callable
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     lock_file = folder / LOCK_FILE
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a planted link is an error, not followed
     try:
         _acquire(fd, folder, lock_file, wait, on_wait)
         os.ftruncate(fd, 0)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import ContextManager
 
 from common.locks import LOCK_FILE, FolderLocked, folder_lock
+from common.paths import inside
 
 _STEP_NAME = re.compile(r"step_(\d{8})")  # what _step_name writes
 
@@ -134,8 +135,17 @@ class RunDir:
         found = [(int(m.group(1)), p) for p in self.checkpoints.iterdir() if (m := _STEP_NAME.fullmatch(p.name))]
         return sorted(found)
 
+    def check_confined(self) -> None:
+        """PathOutsideRoot unless every path of the layout resolves inside the run directory: a symbolic link
+        planted as checkpoints/, metrics.jsonl, ... would send a writer's files somewhere else."""
+        for path in (self.config, self.launch_config, self.metrics, self.tensorboard, self.checkpoints,
+                     self.evaluations, self.samples, self.summary, self.loss_curve, self.slurm):
+            inside(path, self.root)
+
     def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None) -> ContextManager[Path]:
         """Hold the run's writer lock for the block (common.locks.folder_lock); another holder: RunDirLocked naming
-        it, or with `wait` the block runs once it is free. Temporary folders of an interrupted checkpoint write
-        are removed once the lock is held."""
+        it, or with `wait` the block runs once it is free. Every writer of the run takes it, so the layout is
+        checked here (`check_confined`), and temporary folders of an interrupted checkpoint write are removed
+        once the lock is held."""
+        self.check_confined()
         return folder_lock(self.root, wait, on_wait, leftovers_in=[self.checkpoints])

@@ -89,7 +89,7 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
         manifest = json.loads(manifest_path.read_text())
         refs = [FileRef.with_sha256(listed_file(path, f["file"], manifest_path), f["sha256"])  # verified by download
                 for f in manifest["files"]]
-        refs.append(FileRef.of(path / fineweb.DOWNLOAD_MANIFEST))
+        refs.append(FileRef.of(manifest_path))
         identity = {k: manifest[k] for k in ("hub", "config", "revision", "limit")}
         num_documents = manifest["num_documents"]
     logger.info("%d documents of %s are in %s (%d files); identity %s", num_documents, source, path, len(refs),

@@ -151,7 +151,8 @@ def scan_runs(runs_dir: str | Path, settings: EvalSettings = EvalSettings()) -> 
     rows = []
     for run_dir in RunDir.all_under(runs_dir):
         try:
-            inside(run_dir.checkpoints, runs_dir)  # evaluations and TensorBoard logs go beside the checkpoints
+            inside(run_dir.root, runs_dir)  # the scan writes evaluations/ and tensorboard/ there
+            run_dir.check_confined()
             rows += _evaluate_run(run_dir, settings)
         except Exception as e:  # one bad run never stops the scan
             rows.append(_skipped_row(run_dir, None, f"{type(e).__name__}: {e}"))

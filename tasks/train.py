@@ -23,6 +23,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from common.files import DiskFull, read_json, write_json
+from common.paths import under
 from gpt2.checkpoint import CheckpointError
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
@@ -147,7 +148,7 @@ def train(
 
     nproc, nnodes = world_shape(launcher, nproc, rendezvous, slurm)
     run_id = stage_key("train", TRAIN_CODE, _run_identity(shards, hellaswag, init, seed, settings, (nproc, nnodes)))[:12]
-    run_dir = RunDir(Path(runs_dir).resolve() / run_id)
+    run_dir = RunDir(under(runs_dir, run_id))  # never a link planted at the run id's name that leaves runs_dir
     wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
     # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any

@@ -135,3 +135,25 @@ def test_the_next_holder_removes_what_an_interrupted_write_left(tmp_path):
     (folder / "step_00000000").mkdir()
     with folder_lock(tmp_path / "init", leftovers_in=[folder]):
         assert sorted(p.name for p in folder.iterdir()) == ["step_00000000"]
+
+
+def test_a_link_planted_in_a_run_directory_is_refused_before_anything_is_written(tmp_path):
+    from gpt2.run_dir import RunDir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for planted in ("checkpoints", "metrics.jsonl", "tensorboard"):
+        run = RunDir(tmp_path / "runs" / planted)
+        run.root.mkdir(parents=True)
+        (run.root / planted).symlink_to(elsewhere / planted)
+        with pytest.raises(PathOutsideRoot, match=f"{run.root / planted} resolves to .*, outside {run.root}"):
+            with run.lock():
+                pass
+        assert not (run.root / "LOCK").exists() and list(elsewhere.iterdir()) == []
+    run = RunDir(tmp_path / "runs" / "lock-link")
+    run.root.mkdir(parents=True)
+    (run.root / "LOCK").symlink_to(elsewhere / "LOCK")
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):  # O_NOFOLLOW: never opened through
+        with run.lock():
+            pass
+    assert list(elsewhere.iterdir()) == []
