@@ -175,7 +175,8 @@ def test_another_world_shape_is_not_served_from_cache(server, worker):
     rendezvous = json.dumps({"nnodes": 2, "rdzv_endpoint": f"127.0.0.1:{free_port()}"})
     flow_run_id = server.run("gpt2-train/smoke", *[a for p in (*params, f"rendezvous={rendezvous}")
                                                    for a in ("--param", p)])
-    train = wait_for(lambda: task_states(server, flow_run_id).get("train"), 300)
+    started = ("Running", "Completed", "Cached", "Failed", "Crashed")  # past Pending: served or launched
+    train = wait_for(lambda: (state := task_states(server, flow_run_id).get("train")) in started and state, 300)
     try:
         assert train == "Running", f"a 2-node run came back {train} from a 1-node run's cache"
     finally:
