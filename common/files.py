@@ -82,18 +82,6 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
             tmp.unlink(missing_ok=True)
 
 
-def check_name(value: str, what: str) -> str:
-    """`value` if it can be one path component (a file or folder name), else ValueError naming `what`.
-
-    Names from settings (a run name, a dataset name) are joined under an output folder; a separator, `..`
-    or an absolute path would put the output somewhere else.
-    """
-    if not value or value in (".", "..") or "/" in value or "\\" in value or "\0" in value:
-        raise ValueError(f"{what} must be a plain name (no '/', no '..', not absolute, not empty): it becomes a "
-                         "folder or file name under the output folder")
-    return value
-
-
 TMP_DIR_PREFIX = ".tmp_"  # a directory being assembled by `atomic_directory`; never a finished output
 
 

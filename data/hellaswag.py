@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
+from common.paths import listed_file
 from data.tokenizer import VOCAB_SIZE, get_gpt2_encoding
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -209,7 +210,7 @@ def _source_sha256(source: str | os.PathLike, recorded: dict) -> str | None:
 def _intact(out_dir: Path, manifest: dict) -> bool:
     """Every file the manifest lists is there with its recorded size and sha256."""
     for name, recorded in manifest["files"].items():
-        path = out_dir / name
+        path = listed_file(out_dir, name, out_dir / MANIFEST)
         if not path.is_file() or path.stat().st_size != recorded["size"] or sha256_file(path) != recorded["sha256"]:
             return False
     return True

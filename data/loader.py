@@ -31,14 +31,18 @@ import torch
 
 from common.files import read_json
 from data.llmc_rng import Mt19937, random_permutation
-from data.shards import MANIFEST, ShardError, read_shard, shard_num_tokens, shard_problem
+from data.shards import (MANIFEST, ShardError, listed_shard, manifest_shards, read_shard, shard_num_tokens,
+                         shard_problem)
 from data.tokenizer import VOCAB_SIZE
 
 ORDERS = ("llmc", "file")  # the training batch orders; see the module docstring
 
 
-def resolve_shards(files_or_glob: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
-    """A glob pattern (sorted matches) or an explicit list of shard paths (kept in order)."""
+def resolve_shards(files_or_glob: str | os.PathLike | Sequence[str | os.PathLike], split: str = "train") -> list[Path]:
+    """The shards of a shard folder's manifest.json (those of `split`, in its order: what the pipeline hands
+    over), a glob pattern (sorted matches) or an explicit list of shard paths (kept in order)."""
+    if isinstance(files_or_glob, (str, os.PathLike)) and Path(files_or_glob).name == MANIFEST:
+        return manifest_shards(files_or_glob, split)
     if isinstance(files_or_glob, (str, os.PathLike)):
         files = [Path(f) for f in sorted(glob.glob(str(files_or_glob)))]
         if not files:
@@ -55,14 +59,15 @@ def _manifest_records(files: list[Path]) -> dict[Path, dict]:
     records = {}
     for folder in {f.resolve().parent for f in files}:
         if (folder / MANIFEST).is_file():
-            records.update({folder / r["file"]: r for r in read_json(folder / MANIFEST).get("shards", [])})
+            records.update({listed_shard(folder, r): r for r in read_json(folder / MANIFEST).get("shards", [])})
     return records
 
 
 class DistributedDataLoader:
     """Yields (x, y) int64 CPU tensors of shape (B, T) for process `process_rank` of `num_processes`.
 
-    files_or_glob: a glob pattern (its matches, sorted) or a list of shard paths (kept in order).
+    files_or_glob: a shard folder's manifest.json (its shards of `split`, in order), a glob pattern (its
+    matches, sorted) or a list of shard paths (kept in order).
     order: "llmc" (llm.c's permuted training order, the default) or "file"; seed: llm.c's is 42.
     """
 
@@ -75,12 +80,13 @@ class DistributedDataLoader:
         num_processes: int = 1,
         order: str = "llmc",
         seed: int = 42,
+        split: str = "train",
     ):
         if not 0 <= process_rank < num_processes:
             raise ValueError(f"process_rank must lie in [0, num_processes={num_processes}), got {process_rank}")
         if order not in ORDERS:
             raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        self.files = resolve_shards(files_or_glob)
+        self.files = resolve_shards(files_or_glob, split)
         self.B, self.T, self.process_rank, self.num_processes = B, T, process_rank, num_processes
         self.order, self.seed = order, seed
         self.tokens_per_step = num_processes * B * T  # tokens all processes read together per batch

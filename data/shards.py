@@ -31,6 +31,7 @@ from tqdm import tqdm
 from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, require_documents, source_identity
 from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
 from common.limits import gigabytes, physical_memory, usable_cores
+from common.paths import listed_file
 from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
 MAGIC = 20240520
@@ -85,6 +86,23 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
     with atomic_path(path, size=len(data)) as tmp:
         tmp.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
+
+
+def listed_shard(out_dir: str | os.PathLike, record: dict, listed_in: str = MANIFEST) -> Path:
+    """The shard file a manifest (or progress) record names, which must be a file of `out_dir`
+    (common.paths.listed_file): a crafted entry never makes a reader or the rebuild touch anything else."""
+    return listed_file(out_dir, record.get("file"), Path(out_dir) / listed_in)
+
+
+def manifest_shards(manifest_path: str | os.PathLike, split: str) -> list[Path]:
+    """The shards of `split` ("train" or "val") that a shard folder's manifest lists, in its order: the exact
+    file list a training run or an evaluation reads (never a pattern that could match other files)."""
+    manifest_path = Path(manifest_path)
+    records = read_json(manifest_path).get("shards", [])
+    files = [listed_shard(manifest_path.parent, r, manifest_path.name) for r in records if r.get("split") == split]
+    if not files:
+        raise ShardError(f"{manifest_path} lists no {split} shards; rebuild the folder (the tokenize stage)")
+    return files
 
 
 def shard_problem(path: str | os.PathLike, record: dict) -> str | None:
@@ -177,11 +195,11 @@ def _split_results(results: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator
 class _ShardWriter:
     """Cuts the token stream into shards; after each shard, records in progress.json where the next starts."""
 
-    def __init__(self, out_dir: Path, settings: dict, finished: list[dict]):
+    def __init__(self, out_dir: Path, settings: dict, finished: list[dict], buf: np.ndarray):
         self.out_dir, self.settings = out_dir, settings
         self.name, self.shard_size = settings["name"], settings["shard_size"]
         self.records = list(finished)
-        self.buf = np.empty(self.shard_size, dtype=np.uint16)
+        self.buf = buf  # one shard's tokens (`_shard_buffer`)
         self.fill = 0
 
     def add(self, tokens: np.ndarray, doc_idx: int, offset: int) -> None:
@@ -206,6 +224,16 @@ class _ShardWriter:
         write_json(self.out_dir / PROGRESS, {**self.settings, "shards": self.records})
 
 
+def _shard_buffer(shard_size: int) -> np.ndarray:
+    """The buffer of one shard's tokens. It is allocated before anything of an earlier build is deleted, so a
+    shard size that does not fit in memory fails with the folder as it was."""
+    try:
+        return np.empty(shard_size, dtype=np.uint16)
+    except MemoryError:
+        raise ValueError(f"shard_size={shard_size:,} tokens needs {2 * shard_size:,} bytes of memory for one shard; "
+                         "lower shard_size") from None
+
+
 def _settings(name: str, shard_size: int, source: dict | None) -> dict:
     return {"name": name, "shard_size": shard_size, "source": source, "tokenizer": TOKENIZER_INFO}
 
@@ -215,7 +243,7 @@ def _finished_shards(out_dir: Path, progress: dict, shard_size: int) -> list[dic
     finished = []
     for record in progress["shards"]:
         # a short shard is the stream's last one; it is cheap to rewrite and may grow if the stream did
-        if record["ntok"] != shard_size or shard_problem(out_dir / record["file"], record):
+        if record["ntok"] != shard_size or shard_problem(listed_shard(out_dir, record, PROGRESS), record):
             break
         finished.append(record)
     return finished
@@ -224,7 +252,7 @@ def _finished_shards(out_dir: Path, progress: dict, shard_size: int) -> list[dic
 def _clear(out_dir: Path, recorded: dict) -> None:
     """Delete a shard folder's manifest/progress and the shards it lists."""
     for record in recorded.get("shards", []):
-        (out_dir / record["file"]).unlink(missing_ok=True)
+        listed_shard(out_dir, record).unlink(missing_ok=True)
     for name in (PROGRESS, MANIFEST):
         (out_dir / name).unlink(missing_ok=True)
 
@@ -250,7 +278,7 @@ def _repair(
         span = list(itertools.islice(docs, end_doc - start_doc))
         position = end_doc
         record = records[idx]
-        path = out_dir / record["file"]
+        path = listed_shard(out_dir, record)
         tokens = np.concatenate([np.empty(0, np.uint16), *tokenize_documents(span, num_workers)])
         data = shard_bytes(path, tokens[start_offset : start_offset + record["ntok"]])
         if (actual := hashlib.sha256(data).hexdigest()) != record["sha256"]:
@@ -293,13 +321,14 @@ def build_shards(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = _settings(name, shard_size, source)
+    buf = _shard_buffer(shard_size)  # before an older build is cleared: a failure here leaves it in place
     remove_stale_tmp_files(out_dir)
     for path in (out_dir / MANIFEST, out_dir / PROGRESS):
         if path.exists() and (difference := mismatch(recorded := read_json(path), settings)):
             refuse_or_clear(path, difference, replace, lambda: _clear(out_dir, recorded))
     if (out_dir / MANIFEST).exists():
         manifest = read_json(out_dir / MANIFEST)
-        problems = {i: shard_problem(out_dir / record["file"], record) for i, record in enumerate(manifest["shards"])}
+        problems = {i: shard_problem(listed_shard(out_dir, record), record) for i, record in enumerate(manifest["shards"])}
         bad = [i for i, problem in problems.items() if problem]
         for i in bad:
             logger.warning("%s; rebuilding this shard", problems[i])
@@ -309,7 +338,7 @@ def build_shards(
 
     progress_path = out_dir / PROGRESS
     finished = _finished_shards(out_dir, read_json(progress_path), shard_size) if progress_path.exists() else []
-    writer = _ShardWriter(out_dir, settings, finished)
+    writer = _ShardWriter(out_dir, settings, finished, buf)
     start_doc, start_offset = (finished[-1]["next_document"], finished[-1]["next_offset"]) if finished else (0, 0)
     remaining = itertools.islice(documents, start_doc, None)  # finished documents are read, not tokenized
 

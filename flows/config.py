@@ -13,6 +13,7 @@ is merged into the deployment's, field by field (`merge_with_deployment`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import re
 import typing
@@ -22,7 +23,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
 
-from common.files import check_name
+from common.paths import check_name, under
 
 from data.hellaswag import HELLASWAG_VAL_URL
 from data.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_num_workers, check_shard_size
@@ -121,26 +122,41 @@ class PipelineSettings(create_model("_Settings", __base__=_PipelineFields, **_tr
         value = getattr(self, name)
         return getattr(TrainConfig(), name) if value is None else value
 
+    # Every output folder, resolved under `root` by the path policy (common.paths.under): a folder that a
+    # symbolic link takes out of `root` raises PathOutsideRoot (check_settings names the setting).
+
     @property
     def documents_dir(self) -> Path:
-        return Path(self.root) / "data" / self.dataset / "documents"
+        return under(self.root, "data", self.dataset, "documents")
 
     @property
     def shards_dir(self) -> Path:
-        return Path(self.root) / "data" / self.dataset / "shards"
+        return under(self.root, "data", self.dataset, "shards")
 
     @property
     def hellaswag_dir(self) -> Path:
-        return Path(self.root) / "eval" / "hellaswag"
+        """One folder per source: eval files of different sources never share (nor overwrite) a folder."""
+        source = str(self.hellaswag_source)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+        return under(self.root, "eval", "hellaswag", f"{_slug(Path(source).stem)}-{digest}")
 
     @property
     def init_dir(self) -> Path:
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.model).strip("-")
-        return Path(self.root) / "init" / f"{slug}-seed{self.seed}"
+        return under(self.root, "init", f"{_slug(self.model)}-seed{self.seed}")
 
     @property
     def runs_dir(self) -> Path:
-        return Path(self.root) / "runs" / self.run_name
+        return under(self.root, "runs", self.run_name)
+
+
+# the output folders and the setting that names each (what an error about the folder points at)
+OUTPUT_FOLDERS = {"documents_dir": "dataset", "shards_dir": "dataset", "hellaswag_dir": "hellaswag_source",
+                  "init_dir": "model", "runs_dir": "run_name"}
+
+
+def _slug(text: str) -> str:
+    """`text` as a folder name: runs of anything but letters and digits become one dash."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
 
 
 def training_setting_names() -> list[str]:
@@ -189,8 +205,21 @@ def check_settings(parameters: dict[str, Any]) -> PipelineSettings:
     except ValidationError as e:
         problems = [f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})" for err in e.errors()]
         raise SettingsError("invalid pipeline settings:\n  - " + "\n  - ".join(problems)) from None
+    _check_output_folders(settings)
     _check_training(settings)
     return settings
+
+
+def _check_output_folders(settings: PipelineSettings) -> None:
+    """Every output folder stays under `root` (common.paths); errors name the setting that names the folder."""
+    problems = []
+    for folder, setting in OUTPUT_FOLDERS.items():
+        try:
+            getattr(settings, folder)
+        except ValueError as e:  # PathOutsideRoot, or a folder name made too long by the setting
+            problems.append(f"{setting}: {e}")
+    if problems:
+        raise SettingsError("invalid pipeline settings:\n  - " + "\n  - ".join(problems))
 
 
 def _check_training(settings: PipelineSettings) -> None:

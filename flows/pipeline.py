@@ -27,12 +27,11 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled
 
 from flows.config import PipelineSettings, check_settings, merge_with_deployment, settings_parameters
-from gpt2.run_dir import RunDir
 from tasks.cache import StageRecord
 from tasks.cancel_watch import cancel_requested
 from tasks.download import download_documents
 from tasks.export import export_hf
-from tasks.evaluate import EvalSettings, evaluate_checkpoint, evaluate_run
+from tasks.evaluate import EvalSettings, evaluate_checkpoint, scan_runs
 from tasks.hellaswag import prepare_hellaswag
 from tasks.init import init_model
 from tasks.launch import stop_children_on_exit
@@ -240,9 +239,10 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
     """Evaluate every complete checkpoint under `runs_dir` that has not been evaluated yet.
 
     A checkpoint counts as evaluated once its run's evaluations/ folder holds a result for its exact
-    content; results go to the run's TensorBoard log (at the checkpoint's step) and a table artifact.
+    content; results go to the run's TensorBoard log (at the checkpoint's step) and a table artifact, where
+    a checkpoint or run that could not be evaluated has a row saying why (tasks.evaluate.scan_runs).
     """
     with stop_children_on_exit():
-        rows = [row for run_dir in RunDir.all_under(runs_dir) for row in evaluate_run(run_dir, settings)]
+        rows = scan_runs(runs_dir, settings)
     create_table_artifact(rows, key="gpt2-evaluations", description=f"checkpoints under {runs_dir}")
     return rows

@@ -36,8 +36,9 @@ import torch
 from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
-from common.files import (atomic_directory, naming_disk_full, parse_json, read_json, remove_stale_tmp_dirs,
-                          require_free_space, sha256_file, write_json)
+from common.files import (atomic_directory, naming_disk_full, parse_json, read_json, require_free_space,
+                          sha256_file, write_json)
+from common.paths import listed_file
 from gpt2.config import GPTConfig, parse_model_spec, require_weights_in_file
 from gpt2.model import GPT
 from gpt2.run_dir import RunDir
@@ -86,12 +87,21 @@ def verify_checkpoint(path: str | os.PathLike, hashes: bool = True) -> dict[str,
         marker = read_json(marker_path)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    files = marker.get("files")
+    files = marker.get("files") if isinstance(marker, dict) else None
     if not isinstance(files, dict) or not files:
         raise CheckpointError(f"{marker_path} lists no file sizes and hashes (written by an older version): "
                               "the checkpoint cannot be verified")
+    if not isinstance(marker.get("step"), int):
+        raise CheckpointError(f"{marker_path} records no step (an integer); the marker is damaged")
     for name, expected in files.items():
-        file = path / name
+        try:
+            file = listed_file(path, name, marker_path)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        if not (isinstance(expected, dict) and isinstance(expected.get("size"), int)
+                and isinstance(expected.get("sha256"), str)):
+            raise CheckpointError(f"{marker_path}: the entry of {name} is {expected!r}, not {{\"size\": bytes, "
+                                  "\"sha256\": hex digest}; the marker is damaged")
         if not file.is_file():
             raise CheckpointError(f"{file} is missing (listed in {marker_path})")
         size = file.stat().st_size
@@ -147,7 +157,7 @@ def save_checkpoint(
     written last, lists each file's size and sha256 (hashed from disk, so it vouches for what was written).
 
     Then delete all but the newest `keep_last` complete checkpoints (step 0 is kept: it is an init
-    checkpoint) and temporary directories that crashed writers left behind.
+    checkpoint).
     """
     final = RunDir(out_dir).checkpoint(step)
     _write_checkpoint(final, step, state, model, model_file_dtype)
@@ -231,8 +241,8 @@ def _join_tensors(data: Any, tensors: dict[str, torch.Tensor], where: Path) -> A
 
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
-    """Keep step 0 and the newest `keep_last` complete checkpoints; remove stale temporary directories."""
-    remove_stale_tmp_dirs(RunDir(out_dir).checkpoints)
+    """Keep step 0 and the newest `keep_last` complete checkpoints. (Temporary folders of interrupted writes are
+    removed when the next writer takes the run's lock: gpt2.run_dir.RunDir.lock.)"""
     checkpoints = [c for c in list_checkpoints(out_dir) if c[0] != 0]
     for _, path in checkpoints[: max(0, len(checkpoints) - keep_last)]:
         shutil.rmtree(path, ignore_errors=True)

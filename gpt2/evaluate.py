@@ -77,7 +77,8 @@ def evaluate_model(
     """{"val_loss": ..., "hellaswag": {...}} for whichever of the two evaluations are asked for."""
     result: dict[str, Any] = {"val_loss": None, "hellaswag": None}
     if val_data:
-        loader = DistributedDataLoader(val_data, batch_size, seq_len, ctx.rank, ctx.world_size, order="file")
+        loader = DistributedDataLoader(val_data, batch_size, seq_len, ctx.rank, ctx.world_size, order="file",
+                                       split="val")
         result["val_loss"] = val_loss(model, loader, val_steps, ctx, dtype)
         result["val_tokens"] = val_steps * batch_size * seq_len * ctx.world_size
     if hellaswag_path:
@@ -93,7 +94,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--checkpoint", required=True, help=MODEL_SOURCE_HELP)
-    parser.add_argument("--val-data", help="glob of val token shards (*_val_*.bin); unset: no val loss")
+    parser.add_argument("--val-data", help="a shard folder's manifest.json (its val shards) or a glob of val token "
+                        "shards (*_val_*.bin); unset: no val loss")
     parser.add_argument("--hellaswag", help="HellaSwag eval file (data.hellaswag); unset: no HellaSwag")
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size, help="val batch size B per rank")
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="val sequence length T")

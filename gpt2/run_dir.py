@@ -12,23 +12,23 @@
       loss_curve.png     train and val loss against step (the pipeline's report)
       hf_step_XXXXXXXX/  a checkpoint exported as a Hugging Face directory (the pipeline's export stage)
       LOCK               held by the training process that writes here (`RunDir.lock`)
-      slurm/             job.sh, job-<id>.out (the job's output) and heartbeat, when a Slurm job trains it
+      slurm/             job-<id>.sh and job-<id>.out (each job's script and output) and heartbeat, when Slurm
+                         jobs train it
 
 Everything that reads or writes a run asks a `RunDir` for the path instead of spelling the layout out.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import fcntl
-import json
 import os
 import re
-import socket
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ContextManager
+
+from common.locks import LOCK_FILE, FolderLocked, folder_lock
+from common.paths import inside
 
 _STEP_NAME = re.compile(r"step_(\d{8})")  # what _step_name writes
 
@@ -37,8 +37,7 @@ def _step_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-class RunDirLocked(RuntimeError):
-    """Another process is writing this run directory; the message names it (pid, host)."""
+RunDirLocked = FolderLocked  # another process is writing this run directory; the message names it (pid, host)
 
 
 @dataclass(frozen=True)
@@ -97,16 +96,16 @@ class RunDir:
 
     @property
     def lock_file(self) -> Path:
-        return self.root / "LOCK"
+        return self.root / LOCK_FILE
 
     @property
     def slurm(self) -> Path:
         """The Slurm launcher's folder (tasks.slurm): the job script, each job's output and the heartbeat."""
         return self.root / "slurm"
 
-    @property
-    def slurm_script(self) -> Path:
-        return self.slurm / "job.sh"
+    def slurm_script(self, job_id: str) -> Path:
+        """The script of Slurm job `job_id` (each submission keeps its own: a later one never overwrites it)."""
+        return self.slurm / f"job-{job_id}.sh"
 
     @property
     def slurm_heartbeat(self) -> Path:
@@ -136,35 +135,17 @@ class RunDir:
         found = [(int(m.group(1)), p) for p in self.checkpoints.iterdir() if (m := _STEP_NAME.fullmatch(p.name))]
         return sorted(found)
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the run's writer lock for the block; raise RunDirLocked naming the holder if another process
-        holds it.
+    def check_confined(self) -> None:
+        """PathOutsideRoot unless every path of the layout resolves inside the run directory: a symbolic link
+        planted as checkpoints/, metrics.jsonl, ... would send a writer's files somewhere else."""
+        for path in (self.config, self.launch_config, self.metrics, self.tensorboard, self.checkpoints,
+                     self.evaluations, self.samples, self.summary, self.loss_curve, self.slurm):
+            inside(path, self.root)
 
-        An flock on LOCK: the kernel releases it when its holder dies however it dies, so a lock left by a
-        killed process is taken over by the next writer; the file's text only names the holder.
-        """
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
-                    raise
-                raise RunDirLocked(
-                    f"{self.root} is being written by {self._holder(fd)} (lock {self.lock_file}); wait for that "
-                    "run to end or stop it, or use another run directory"
-                ) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
-            yield
-        finally:
-            os.close(fd)  # releases the flock
-
-    def _holder(self, fd: int) -> str:
-        try:
-            holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except json.JSONDecodeError:
-            holder = {}
-        return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+    def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None) -> ContextManager[Path]:
+        """Hold the run's writer lock for the block (common.locks.folder_lock); another holder: RunDirLocked naming
+        it, or with `wait` the block runs once it is free. Every writer of the run takes it, so the layout is
+        checked here (`check_confined`), and temporary folders of an interrupted checkpoint write are removed
+        once the lock is held."""
+        self.check_confined()
+        return folder_lock(self.root, wait, on_wait, leftovers_in=[self.checkpoints])

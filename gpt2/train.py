@@ -38,6 +38,7 @@ from gpt2.guard import OutlierGuard
 from gpt2.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, full_state_dict, lr_at
+from common.paths import PathOutsideRoot
 from gpt2.run_dir import RunDir, RunDirLocked
 from gpt2.sample import sample_text
 from gpt2.train_config import ConfigError, TrainConfig, load_config, validate
@@ -164,7 +165,8 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
     B, T, rank, world = config.batch_size, config.seq_len, ctx.rank, ctx.world_size
     train_loader = DistributedDataLoader(config.train_data, B, T, rank, world, order=config.train_order,
                                          seed=config.seed)
-    val_loader = DistributedDataLoader(config.val_data, B, T, rank, world, order="file") if config.val_every else None
+    val_loader = (DistributedDataLoader(config.val_data, B, T, rank, world, order="file", split="val")
+                  if config.val_every else None)
 
     if state is not None and "optimizer" in state:  # step 0 holds only the model
         if state["world_size"] != world:
@@ -202,17 +204,18 @@ def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistConte
 
 @contextmanager
 def _writer_lock(run_dir: RunDir, ctx: DistContext) -> Iterator[None]:
-    """Rank 0 holds the run directory's lock for the whole session; when another process holds it, every
-    rank fails with an error naming that process."""
+    """Rank 0 holds the run directory's lock for the whole session; when another process holds it, or a link
+    in the run directory leads out of it, every rank fails with an error naming that process or link."""
     with ExitStack() as stack:
         error = None
         if ctx.is_master:
             try:
                 stack.enter_context(run_dir.lock())
-            except RunDirLocked as e:
-                error = str(e)
+            except (RunDirLocked, PathOutsideRoot) as e:
+                error = (type(e).__name__, str(e))
         if error := broadcast_object(error, ctx):
-            raise RunDirLocked(error)
+            kind, message = error
+            raise (RunDirLocked if kind == RunDirLocked.__name__ else PathOutsideRoot)(message)
         yield
 
 

@@ -56,8 +56,10 @@ class TrainConfig:
         "from --seed",
     )
     # data
-    train_data: str = _opt("artifacts/data/fineweb10B/shards/*_train_*.bin", "glob of the training token shards")
-    val_data: str = _opt("artifacts/data/fineweb10B/shards/*_val_*.bin", "glob of the validation token shards")
+    train_data: str = _opt("artifacts/data/fineweb10B/shards/*_train_*.bin",
+                           "glob of the training token shards, or a shard folder's manifest.json (its train shards)")
+    val_data: str = _opt("artifacts/data/fineweb10B/shards/*_val_*.bin",
+                         "glob of the validation token shards, or a shard folder's manifest.json (its val shards)")
     hellaswag: str | None = _opt(None, "HellaSwag eval file (data.hellaswag); unset: no HellaSwag eval")
     train_order: str = _opt(
         "llmc",

@@ -37,9 +37,11 @@ class WeightSource:
 
     def file_digests(self) -> dict[Path, str]:
         """The sha256 of each file that holds the weights (what identifies them): a checkpoint's from its verified
-        marker, the others' computed now."""
+        marker, plus the marker itself (without it the checkpoint is incomplete), the others' computed now."""
         if self.kind == "checkpoint":
-            return {self.path / name: entry["sha256"] for name, entry in self.marker["files"].items()}
+            marker = self.path / COMPLETE_MARKER
+            return {**{self.path / name: entry["sha256"] for name, entry in self.marker["files"].items()},
+                    marker: sha256_file(marker)}
         if self.kind == "llmc":
             files = [self.path]
         else:

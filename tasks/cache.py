@@ -197,8 +197,13 @@ class StageCache(CachePolicy):
     def compute_key(
         self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
     ) -> str | None:
-        key = stage_key(self.stage, self.code, {k: v for k, v in inputs.items() if k not in self.ignore})
+        key = stage_key(self.stage, self.code, self.key_inputs({k: v for k, v in inputs.items() if k not in self.ignore}))
         return key if self._drop_if_stale(task_ctx, key) else None
+
+    def key_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """What of the task's inputs the key hashes; a stage whose inputs name an output indirectly (settings
+        that resolve to a world shape) hashes what they resolve to instead."""
+        return inputs
 
     def _drop_if_stale(self, task_ctx: TaskRunContext, key: str) -> bool:
         """Validate the record cached under `key`; delete it if its files changed. False: cannot cache.

@@ -1,12 +1,18 @@
-"""Small helpers shared by the stage tasks: log forwarding, child-process commands, artifact keys."""
+"""Small helpers shared by the stage tasks: log forwarding, child-process commands, artifact keys, the lock a
+stage holds on the folder it writes."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import ContextManager
 
 from prefect import get_run_logger
+
+from common.locks import folder_lock
 
 
 def artifact_key(*parts: str) -> str:
@@ -23,3 +29,10 @@ def log_lines() -> Callable[[str], None]:
 def python_module(module: str, args: list[str]) -> list[str]:
     """The command that runs `python -m module args...` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+def writing(folder: str | os.PathLike) -> ContextManager[Path]:
+    """Hold `folder`'s writer lock (common.locks) for a stage's write: a run already writing it is waited for,
+    and the wait is logged naming that writer (pid, host) and the folder. (A run directory's lock:
+    gpt2.run_dir.RunDir.lock, with the same semantics.)"""
+    return folder_lock(folder, wait=True, on_wait=get_run_logger().warning)

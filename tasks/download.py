@@ -10,8 +10,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from common.paths import listed_file
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key
+from tasks.common import artifact_key, writing
 from tasks.retry import NETWORK_RETRIES
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -84,14 +85,16 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
                 report(done / total)
             logger.info("%s: %s of %s %s downloaded", source, f"{done:,}", f"{total:,}" if total else "?", unit)
 
-        path = fineweb.download_hub(src.location, config, out_dir, limit, revision=revision, replace=True,
-                                    progress=progress)
+        with writing(out_dir):
+            path = fineweb.download_hub(src.location, config, out_dir, limit, revision=revision, replace=True,
+                                        progress=progress)
         report(1.0)  # also with a limit, where fewer than all of the listed bytes were needed
-        manifest = json.loads((path / fineweb.DOWNLOAD_MANIFEST).read_text())
+        manifest_path = path / fineweb.DOWNLOAD_MANIFEST
+        manifest = json.loads(manifest_path.read_text())
         # verified against the hub's hashes: an LFS file's is its sha256, the one a ref records
-        refs = [FileRef.with_sha256(path / f["file"], f["sha256"]) if f["sha256"] else FileRef.of(path / f["file"])
-                for f in manifest["files"]]
-        refs.append(FileRef.of(path / fineweb.DOWNLOAD_MANIFEST))
+        refs = [FileRef.with_sha256(listed_file(path, f["file"], manifest_path), f["sha256"]) if f["sha256"]
+                else FileRef.of(listed_file(path, f["file"], manifest_path)) for f in manifest["files"]]
+        refs.append(FileRef.of(manifest_path))
         identity = {**{k: manifest[k] for k in ("hub", "config", "revision", "limit")},
                     "sha256": [f["sha256"] or f["blob_sha1"] for f in manifest["files"]]}
         num_documents = manifest["num_documents"]

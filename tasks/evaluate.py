@@ -1,5 +1,5 @@
-"""The evaluate stage: val loss and HellaSwag of a checkpoint (`python -m gpt2.evaluate`), and the scan of a run
-that the scheduled `gpt2-evaluate` flow makes.
+"""The evaluate stage: val loss and HellaSwag of a checkpoint (`python -m gpt2.evaluate`), and the scan of the
+runs that the scheduled `gpt2-evaluate` flow makes, checkpoint by checkpoint (a bad one is skipped and reported).
 
 Each result goes into the run's TensorBoard log at the checkpoint's step and into the run's evaluations/
 ledger (paths from gpt2.run_dir), which the scan reads to skip checkpoints already evaluated. Results are
@@ -17,6 +17,7 @@ from typing import Any
 from prefect import get_run_logger, task
 
 from common.files import read_json, write_json
+from common.paths import inside
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import log_lines, python_module
@@ -106,7 +107,7 @@ def evaluate_checkpoint(
     out = ledger.with_name(f"{ledger.name}.{uuid.uuid4().hex}.result.tmp")
     args = ["--checkpoint", checkpoint.path, "--out", str(out), *settings.args(RunDir(checkpoint.run_dir))]
     if shards is not None:
-        args += ["--val-data", shards.val_glob]
+        args += ["--val-data", shards.manifest]
     if hellaswag is not None:
         args += ["--hellaswag", hellaswag.path]
     try:
@@ -133,7 +134,7 @@ def file_evaluation(checkpoint: CheckpointRecord, val_loss: float | None,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the scan of a run (scheduled evaluation)
+# the scan of the runs (scheduled evaluation)
 
 
 def _run_inputs(run_dir: RunDir) -> tuple[str, ShardsRecord | None, EvalFileRecord | None]:
@@ -144,36 +145,61 @@ def _run_inputs(run_dir: RunDir) -> tuple[str, ShardsRecord | None, EvalFileReco
     return config["model"], shards, hellaswag
 
 
-def evaluate_run(run_dir: RunDir, settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
-    """Evaluate every checkpoint of a run that its ledger does not hold yet; one table row per checkpoint.
+def scan_runs(runs_dir: str | Path, settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
+    """Evaluate every checkpoint under `runs_dir` that its run's ledger does not hold yet; one table row per
+    checkpoint, and per run whose inputs cannot be read.
 
-    A checkpoint that fails verification is not evaluated (a warning names the file); one pruned by the
-    training run since the listing is skipped.
+    Each run and each checkpoint stands alone: whatever goes wrong with one (a damaged marker or config, a
+    missing manifest, a checkpoint pruned by its training run since the listing, a path that leads out of
+    `runs_dir`) is logged and reported in its row's `skipped`, and the scan goes on with the others.
     """
-    from gpt2.checkpoint import CheckpointError, list_checkpoints
+    rows = []
+    for run_dir in RunDir.all_under(runs_dir):
+        try:
+            inside(run_dir.root, runs_dir)  # the scan writes evaluations/ and tensorboard/ there
+            run_dir.check_confined()
+            rows += _evaluate_run(run_dir, settings)
+        except Exception as e:  # one bad run never stops the scan
+            rows.append(_skipped_row(run_dir, None, f"{type(e).__name__}: {e}"))
+    return rows
 
-    logger = get_run_logger()
+
+def _evaluate_run(run_dir: RunDir, settings: EvalSettings) -> list[dict[str, Any]]:
+    from gpt2.checkpoint import list_checkpoints
+
     if not run_dir.config.exists():
-        logger.info("%s: no config.json yet (training has not started); skipped", run_dir.root)
+        get_run_logger().info("%s: no config.json yet (training has not started); skipped", run_dir.root)
         return []
     model, shards, hellaswag = _run_inputs(run_dir)
     rows = []
     for step, path in list_checkpoints(run_dir.root):
-        done = read_evaluation(run_dir, step)  # without hashing the checkpoint again
-        evaluated_now = done is None
-        if evaluated_now:
-            try:
-                checkpoint = CheckpointRecord.of(path, model)
-            except FileNotFoundError:  # pruned by the training run since the listing
-                continue
-            except CheckpointError as e:
-                logger.warning("checkpoint %s not evaluated: %s", path, e)
-                continue
-            record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
-            done = read_evaluation(run_dir, step)
-            if done is None:  # a cached result of another run's checkpoint with the same content
-                done = file_evaluation(checkpoint, record.val_loss, record.hellaswag)
-        hs = done["hellaswag"] or {}
-        rows.append({"run": run_dir.root.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
-                     "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now})
+        try:
+            rows.append(_evaluate_step(run_dir, step, path, model, shards, hellaswag, settings))
+        except Exception as e:  # one bad checkpoint never stops the others
+            gone = not path.exists()  # pruned by its training run while the scan read it
+            rows.append(_skipped_row(run_dir, step, "removed since the scan listed it (pruned by its training run)"
+                                     if gone else f"{type(e).__name__}: {e}"))
     return rows
+
+
+def _evaluate_step(run_dir: RunDir, step: int, path: Path, model: str, shards: ShardsRecord | None,
+                   hellaswag: EvalFileRecord | None, settings: EvalSettings) -> dict[str, Any]:
+    """The table row of one checkpoint, evaluated now unless the ledger holds its evaluation."""
+    done = read_evaluation(run_dir, step)  # without hashing the checkpoint again
+    evaluated_now = done is None
+    if evaluated_now:
+        inside(path, run_dir.checkpoints)
+        checkpoint = CheckpointRecord.of(path, model)
+        record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
+        done = read_evaluation(run_dir, step)
+        if done is None:  # a cached result of another run's checkpoint with the same content
+            done = file_evaluation(checkpoint, record.val_loss, record.hellaswag)
+    hs = done["hellaswag"] or {}
+    return {"run": run_dir.root.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
+            "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now, "skipped": None}
+
+
+def _skipped_row(run_dir: RunDir, step: int | None, why: str) -> dict[str, Any]:
+    get_run_logger().warning("%s not evaluated: %s", run_dir.root if step is None else run_dir.checkpoint(step), why)
+    return {"run": run_dir.root.name, "step": step, "val_loss": None, "acc": None, "acc_norm": None,
+            "evaluated_now": False, "skipped": why}

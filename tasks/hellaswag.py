@@ -9,7 +9,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key
+from tasks.common import artifact_key, writing
 from tasks.retry import NETWORK_RETRIES
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -54,11 +54,11 @@ def prepare_hellaswag(source: str, out_dir: str) -> EvalFileRecord:
     """
     from data import hellaswag
 
-    path = hellaswag.prepare(out_dir, source)
     extra = [Path(out_dir) / hellaswag.JSONL_NAME, Path(out_dir) / hellaswag.MANIFEST]
     if Path(source).is_file():  # a local source: its edits must invalidate the cache too
         extra.append(Path(source))
-    record = EvalFileRecord.of(path, tuple(extra))
+    with writing(out_dir):
+        record = EvalFileRecord.of(hellaswag.prepare(out_dir, source), tuple(extra))
     create_markdown_artifact(
         f"HellaSwag: {record.num_examples:,} examples from `{source}` (sha256 `{record.source_sha256}`) in "
         f"`{record.path}`",

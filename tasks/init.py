@@ -43,13 +43,17 @@ class CheckpointRecord(StageRecord):
     @classmethod
     def of(cls, path: str | Path, model: str) -> "CheckpointRecord":
         """The record of a loadable checkpoint that verifies (every file's size and sha256 against its COMPLETE
-        marker); gpt2.checkpoint.CheckpointError naming the file, or the conversion an older format needs, otherwise."""
-        from gpt2.checkpoint import require_current_format, verify_checkpoint
+        marker); gpt2.checkpoint.CheckpointError naming the file, or the conversion an older format needs, otherwise.
+
+        The marker is one of the record's files: a checkpoint whose marker went missing is incomplete, so a
+        cached record of it is stale."""
+        from gpt2.checkpoint import COMPLETE_MARKER, require_current_format, verify_checkpoint
 
         path = Path(path).resolve()
         marker = require_current_format(path, verify_checkpoint(path))
         files = tuple(FileRef.with_sha256(path / name, entry["sha256"]) for name, entry in marker["files"].items())
-        return cls(files=files, path=str(path), step=marker["step"], model=model)
+        return cls(files=files + (FileRef.of(path / COMPLETE_MARKER),), path=str(path), step=marker["step"],
+                   model=model)
 
 
 @dataclass(frozen=True)
@@ -81,13 +85,16 @@ def init_model(model: str, seed: int, out_dir: str, init_from: str | None = None
     """The weights training starts from: `init_from` as it is, or llm.c's init of `model` from `seed` written
     as a step-0 checkpoint under `out_dir`."""
     from gpt2.checkpoint import write_initial_checkpoint
+    from gpt2.run_dir import RunDir
 
     logger = get_run_logger()
     if init_from:
         record = _existing_weights(init_from, model)
         logger.info("training starts from %s (%s, %d file(s) hashed)", record.path, record.source, len(record.files))
         return record
-    path = write_initial_checkpoint(out_dir, model, seed)
+    # the lock waits for another init of the same folder, and removes what a killed one left half-written
+    with RunDir(out_dir).lock(wait=True, on_wait=logger.warning):
+        path = write_initial_checkpoint(out_dir, model, seed)
     logger.info("initial weights of %s (seed %d) in %s", model, seed, path)
     checkpoint = CheckpointRecord.of(path, model)
     return WeightsRecord(files=checkpoint.files, path=checkpoint.path, model=model, source="init")

@@ -226,25 +226,35 @@ class _OutputTail:
             self.on_line(line)
 
 
-def run_job(script: Path, heartbeat: Path, output: Callable[[str], Path], settings: SlurmSettings,
-            on_line: Callable[[str], None], env: Mapping[str, str] | None = None) -> SlurmJobRecord:
-    """Submit `script` and wait for its job, touching `heartbeat`, passing its output lines to `on_line`.
+def run_job(draft: Path, script: Callable[[str], Path], heartbeat: Path, output: Callable[[str], Path],
+            settings: SlurmSettings, on_line: Callable[[str], None], env: Mapping[str, str] | None = None
+            ) -> SlurmJobRecord:
+    """Submit the job script `draft` and wait for its job, touching `heartbeat`, passing its output lines to
+    `on_line`.
 
-    Returns the record of a COMPLETED job. Raises SlurmRefused (not retried) when Slurm refuses it or it can
-    never start, TransientError when it ends otherwise (failed, preempted, node failure, time limit: the retry
-    resubmits), Stopped when the flow run is ending. Whatever ends the wait early cancels the job first.
+    Once Slurm has taken the job (sbatch keeps its own copy), the draft becomes `script(job_id)`: each job's
+    record names a script of its own, and a submission Slurm refuses leaves no file behind, nor overwrites
+    the script of an earlier job. Returns the record of a COMPLETED job. Raises SlurmRefused (not retried) when
+    Slurm refuses it or it can never start, TransientError when it ends otherwise (failed, preempted, node
+    failure, time limit: the retry resubmits), Stopped when the flow run is ending. Whatever ends the wait
+    early cancels the job first.
     """
     heartbeat.parent.mkdir(parents=True, exist_ok=True)
     heartbeat.touch()
-    job = SlurmJob.submit(script, env)
-    on_line(f"[slurm] submitted job {job.job_id} ({script})")
+    try:
+        job = SlurmJob.submit(draft, env)
+    except BaseException:
+        draft.unlink(missing_ok=True)
+        raise
+    kept = draft.replace(script(job.job_id))
+    on_line(f"[slurm] submitted job {job.job_id} ({kept})")
     try:
         with stopped_with_flow_run(job.cancel, f"Slurm job {job.job_id}"):  # Stopped if the flow run ended meanwhile
             info, tail = _wait(job, heartbeat, _OutputTail(output(job.job_id), on_line), settings)
     except BaseException:
         job.cancel()
         raise
-    record = SlurmJobRecord(job.job_id, info.nodes, info.state, info.restarts, str(script), str(output(job.job_id)))
+    record = SlurmJobRecord(job.job_id, info.nodes, info.state, info.restarts, str(kept), str(output(job.job_id)))
     if info.state == "COMPLETED":
         return record
     if flow_run_ending():

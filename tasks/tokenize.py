@@ -10,7 +10,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key
+from tasks.common import artifact_key, writing
 from tasks.download import DocumentsRecord, progress_reporter
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -20,8 +20,7 @@ TOKENIZE_CODE = ("data.shards",)  # entry modules; what they import counts too (
 @dataclass(frozen=True)
 class ShardsRecord(StageRecord):
     out_dir: str
-    train_glob: str
-    val_glob: str
+    manifest: str  # what training and evaluation read their shards from: the exact files it lists, per split
     num_tokens: int
     shards: tuple[tuple[str, str, int], ...]  # (file, split, ntok)
     source: str  # the manifest's identity of the documents (canonical JSON)
@@ -30,18 +29,16 @@ class ShardsRecord(StageRecord):
     def from_manifest(cls, out_dir: str | Path) -> "ShardsRecord":
         """The record of a finished shard folder; shard hashes come from its manifest, not re-hashing."""
         from common.files import read_json
-        from data.shards import MANIFEST
+        from data.shards import MANIFEST, listed_shard
 
         out_dir = Path(out_dir).resolve()
         manifest = read_json(out_dir / MANIFEST)
         files = [FileRef.of(out_dir / MANIFEST)]
-        files += [FileRef.with_sha256(out_dir / s["file"], s["sha256"]) for s in manifest["shards"]]
-        name = manifest["name"]
+        files += [FileRef.with_sha256(listed_shard(out_dir, s), s["sha256"]) for s in manifest["shards"]]
         return cls(
             files=tuple(files),
             out_dir=str(out_dir),
-            train_glob=str(out_dir / f"{name}_train_*.bin"),
-            val_glob=str(out_dir / f"{name}_val_*.bin"),
+            manifest=str(out_dir / MANIFEST),
             num_tokens=manifest["num_tokens"],
             shards=tuple((s["file"], s["split"], s["ntok"]) for s in manifest["shards"]),
             source=json.dumps(manifest["source"], sort_keys=True),
@@ -65,11 +62,12 @@ def tokenize(
     total = documents.num_documents if limit is None else min(limit, documents.num_documents)
     report = progress_reporter(artifact_key("tokenize-progress", name), f"documents tokenized into {out_dir}")
     source = {**json.loads(documents.identity), "limit": limit}
-    build_shards(iter_documents(documents.path, limit=limit), Path(out_dir), name, shard_size=shard_size,
-                 num_workers=num_workers, source=source, replace=True,
-                 progress=lambda done: report(done / total if total else 1.0), source_name=documents.source)
+    with writing(out_dir):
+        build_shards(iter_documents(documents.path, limit=limit), Path(out_dir), name, shard_size=shard_size,
+                     num_workers=num_workers, source=source, replace=True,
+                     progress=lambda done: report(done / total if total else 1.0), source_name=documents.source)
+        record = ShardsRecord.from_manifest(out_dir)
     report(1.0)  # also when the folder was complete and verified, so no document was tokenized
-    record = ShardsRecord.from_manifest(out_dir)
     create_table_artifact(
         [{"file": f, "split": split, "tokens": ntok} for f, split, ntok in record.shards],
         key=artifact_key("shards", name),

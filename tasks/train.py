@@ -23,6 +23,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from common.files import read_json, write_json
+from common.paths import under
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines
 from tasks.hellaswag import EvalFileRecord
@@ -119,9 +120,31 @@ def world_shape(launcher: Launcher, nproc: int | None, rendezvous: Rendezvous, s
     return nproc or max(1, visible_gpus()), rendezvous.nnodes
 
 
-@task(name="train", cache_policy=StageCache(stage="train", code=TRAIN_CODE, ignore=("rendezvous",)),
-      persist_result=True, retries=TRAIN_RETRIES, retry_delay_seconds=TRAIN_RETRY_DELAY_S,
-      retry_condition_fn=retry_if_transient)
+# the train task's inputs that say where and how its processes run; they matter through the world shape alone
+_LAUNCH_INPUTS = ("launcher", "nproc", "rendezvous", "slurm")
+
+
+def _run_identity(shards: ShardsRecord, hellaswag: EvalFileRecord | None, init: WeightsRecord, seed: int,
+                  settings: dict[str, Any], world: tuple[int, int]) -> dict[str, Any]:
+    """Everything that determines a training run's output: its inputs by content, its settings and its world
+    shape (processes per node, nodes). Both the run's id and the train stage's cache key hash it."""
+    return dict(shards=shards, hellaswag=hellaswag, init=init, seed=seed, settings=settings, world=world)
+
+
+@dataclass
+class _TrainCache(StageCache):
+    """The stage's cache key: the inputs of the run's identity (`_run_identity`), the launch settings replaced by
+    the world shape they resolve to (a 2-node run is never served a 1-node run's result, and a changed rendezvous
+    port or Slurm partition does not retrain), and runs_dir."""
+
+    def key_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        world = world_shape(*(inputs[name] for name in _LAUNCH_INPUTS))
+        rest = {k: v for k, v in inputs.items() if k not in _LAUNCH_INPUTS}
+        return {**rest, "world": world}
+
+
+@task(name="train", cache_policy=_TrainCache(stage="train", code=TRAIN_CODE), persist_result=True,
+      retries=TRAIN_RETRIES, retry_delay_seconds=TRAIN_RETRY_DELAY_S, retry_condition_fn=retry_if_transient)
 def train(
     shards: ShardsRecord, hellaswag: EvalFileRecord | None, init: WeightsRecord, seed: int,
     settings: dict[str, Any], runs_dir: str, nproc: int | None = None, rendezvous: Rendezvous = Rendezvous(),
@@ -139,18 +162,17 @@ def train(
     from gpt2.train_config import validate_train_settings
 
     nproc, nnodes = world_shape(launcher, nproc, rendezvous, slurm)
-    run_id = stage_key("train", TRAIN_CODE, dict(shards=shards, hellaswag=hellaswag, init=init, seed=seed,
-                                                   settings=settings, nproc=nproc, nnodes=nnodes))[:12]
-    run_dir = RunDir(Path(runs_dir).resolve() / run_id)
-    wired = {"model": init.model, "seed": seed, "train_data": shards.train_glob, "val_data": shards.val_glob,
+    run_id = stage_key("train", TRAIN_CODE, _run_identity(shards, hellaswag, init, seed, settings, (nproc, nnodes)))[:12]
+    run_dir = RunDir(under(runs_dir, run_id))  # never a link planted at the run id's name that leaves runs_dir
+    wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
     # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
     # process starts: a ConfigError is deterministic and is not retried
     config = validate_train_settings(settings, nproc * nnodes, wired, check_inputs=True)
-    run_dir.root.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir.launch_config, config.to_dict())
-
     logger = get_run_logger()
+    with run_dir.lock(wait=True, on_wait=logger.warning):  # never rewrite the config of a run being trained
+        write_json(run_dir.launch_config, config.to_dict())
+
     logger.info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root, nproc, nnodes,
                 launcher)
     log = log_lines()
@@ -175,12 +197,14 @@ def train(
 
 def _run_slurm_job(run_dir: RunDir, run_id: str, train_args: list[str], nproc: int, max_restarts: int,
                    slurm: SlurmSettings, on_line: Callable[[str], None]) -> SlurmJobRecord:
-    """Write the run's job script (slurm/job.sh) and run it as one Slurm job (tasks.slurm.run_job)."""
+    """Write the run's job script and run it as one Slurm job (tasks.slurm.run_job), which keeps it as
+    slurm/job-<id>.sh once Slurm has taken it."""
     script = job_script(slurm, train_args, nproc, run_id, max_restarts, str(run_dir.slurm_output("%j")),
                         run_dir.slurm_heartbeat, f"gpt2-{run_dir.root.parent.name}-{run_id}", Path.cwd())
     run_dir.slurm.mkdir(exist_ok=True)
-    run_dir.slurm_script.write_text(script)
-    return run_job(run_dir.slurm_script, run_dir.slurm_heartbeat, run_dir.slurm_output, slurm, on_line)
+    draft = run_dir.slurm / f"job.{os.getpid()}.sh.tmp"
+    draft.write_text(script)
+    return run_job(draft, run_dir.slurm_script, run_dir.slurm_heartbeat, run_dir.slurm_output, slurm, on_line)
 
 
 def _train_record(run_dir: RunDir, config: TrainConfig, job: SlurmJobRecord | None = None) -> TrainRecord:

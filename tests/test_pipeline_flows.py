@@ -117,6 +117,7 @@ def smoke(prefect_server) -> SmokeRun:
 
 
 def test_smoke_pipeline_end_to_end_offline(smoke):
+    from data.shards import manifest_shards
     from data.tokenizer import get_gpt2_encoding
 
     config, records = smoke.config, smoke.records
@@ -128,7 +129,7 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
     enc = get_gpt2_encoding()
     docs = [json.loads(line)["text"] for line in Path(config.source).read_text().splitlines()]
     expected = np.concatenate([[EOT] + enc.encode_ordinary(d) for d in docs]).astype(np.uint16)
-    paths = sorted(glob.glob(records["tokenize"].val_glob)) + sorted(glob.glob(records["tokenize"].train_glob))
+    paths = manifest_shards(records["tokenize"].manifest, "val") + manifest_shards(records["tokenize"].manifest, "train")
     written = []
     for path in paths:
         raw = Path(path).read_bytes()
@@ -193,9 +194,10 @@ def test_single_stage_rerun(smoke):
 
 
 def test_deleted_shard_reruns_tokenize_and_only_what_depends_on_it(smoke):
+    from data.shards import manifest_shards
     from flows.pipeline import gpt2_pretrain
 
-    shard = Path(sorted(glob.glob(smoke.records["tokenize"].train_glob))[0])
+    shard = manifest_shards(smoke.records["tokenize"].manifest, "train")[0]
     digest = sha256(shard)
     shard.unlink()
     flow_run_id, records = run_flow(gpt2_pretrain, **smoke.params)
@@ -391,7 +393,8 @@ def test_an_empty_corpus_fails_the_download_stage_naming_it_and_is_not_retried(s
 
 def test_the_scheduled_scan_runs_no_code_from_a_planted_checkpoint(smoke, tmp_path):
     """A pickled state.pt that runs code (its COMPLETE marker's sha256 matching) planted under the scanned runs
-    folder: the scan completes, warns naming the conversion command, evaluates nothing and runs nothing."""
+    folder: the scan completes, reports it skipped naming the conversion command, evaluates nothing and runs
+    nothing."""
     from flows.pipeline import gpt2_evaluate
     from gpt2.run_dir import RunDir
     from tests.fixtures.pickled import plant_malicious_checkpoint
@@ -404,7 +407,8 @@ def test_the_scheduled_scan_runs_no_code_from_a_planted_checkpoint(smoke, tmp_pa
 
     flow_run_id, rows = run_flow(gpt2_evaluate, str(tmp_path / "runs"))
     assert not marker.exists(), "the scheduled scan ran a planted checkpoint's code"
-    assert rows == [] and "evaluate" not in task_runs(flow_run_id)
+    assert [(r["step"], r["val_loss"]) for r in rows] == [(7, None)] and "evaluate" not in task_runs(flow_run_id)
+    assert "python -m gpt2.checkpoint convert" in rows[0]["skipped"]
 
 
 def test_a_full_disk_fails_training_at_once_naming_it_and_is_not_retried(smoke, tmp_path):

@@ -97,7 +97,7 @@ def test_scheduled_evaluation_files_each_run_even_when_checkpoints_are_equal(smo
 def test_scheduled_evaluation_skips_a_checkpoint_that_fails_verification(smoke, tmp_path):
     """docs/pipeline.md: the scan evaluates every checkpoint that verifies and files nothing for one that
     does not (here the final one, 1 KiB of state.safetensors overwritten: same size, so only its hash tells), with a
-    warning naming it; the scan itself completes."""
+    warning naming it and a table row saying why; the scan itself completes."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -113,7 +113,8 @@ def test_scheduled_evaluation_skips_a_checkpoint_that_fails_verification(smoke, 
 
     flow_run_id, rows = run_flow(gpt2_evaluate, str(run_dir.parent))
     assert isinstance(rows, list), f"the scan failed: {rows!r}"
-    assert [r["step"] for r in rows] == [step for step, _ in good] and good
+    assert [r["step"] for r in rows if not r["skipped"]] == [step for step, _ in good] and good
+    assert [r["step"] for r in rows if r["skipped"]] == [final_step]
     assert not (run_dir / "evaluations" / f"step_{final_step:08d}.json").exists()
     assert [s for s, _ in tensorboard_scalars(run_dir, "eval/val_loss")] == [step for step, _ in good]
 

@@ -113,12 +113,25 @@ def test_two_slurm_tasks_train_like_one_local_launcher_with_both_ranks(cluster, 
     assert f"Slurm job {job_id} (COMPLETED, requeued 0 time(s)) on nodes {cluster.node}" in summary
     assert str(job_output) in summary
     logs = flow_run_logs(server, flow_run_id)
-    assert f"[slurm] submitted job {job_id} ({slurm_run / 'slurm' / 'job.sh'})" in logs
+    assert f"[slurm] submitted job {job_id} ({slurm_run / 'slurm' / f'job-{job_id}.sh'})" in logs
     # gpt2.train's console lines, read from the job's output, as the local launcher forwards them
     last = [r for r in map(json.loads, (slurm_run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"][-1]
     assert f"step {last['step']:5d}/20 | loss {last['loss']:.6f}" in "\n".join(logs)
     assert artifact(server, f"train-progress-{slurm_run.name}")["data"] == 100.0
     assert cluster.queue() == []
+
+
+def test_a_refused_resubmission_leaves_the_completed_jobs_script_and_record_alone(cluster, server, worker):
+    slurm_run = run_dir(server, "on-slurm")  # trained by the test above
+    (script,) = (slurm_run / "slurm").glob("job-*.sh")
+    before = script.read_bytes()
+    flow_run_id = start(server, "on-slurm", "--param", "force=true", slurm={"partition": "no-such-partition"})
+    run = wait_for_final_state(server, flow_run_id, 300)
+    assert run["state"]["type"] == "FAILED" and "Invalid partition name" in run["state"]["message"]
+    assert sorted(p.name for p in (slurm_run / "slurm").glob("job*")) == sorted(
+        p.name for p in (slurm_run / "slurm").glob("job-*"))  # no draft left
+    assert list((slurm_run / "slurm").glob("job-*.sh")) == [script] and script.read_bytes() == before
+    assert str(script) in artifact(server, f"train-summary-{slurm_run.name}")["data"]
 
 
 def test_cancelling_the_flow_run_cancels_the_job(cluster, server, worker):

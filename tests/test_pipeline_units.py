@@ -305,11 +305,12 @@ def test_slurm_job_script_asks_for_the_settings_and_lets_the_shell_fill_in_the_f
 def test_slurm_launcher_without_slurms_commands_says_where_the_worker_must_run(tmp_path):
     from tasks.slurm import SlurmSettings, run_job
 
-    script = tmp_path / "job.sh"
-    script.write_text("#!/bin/bash\n")
+    draft = tmp_path / "job.sh.tmp"
+    draft.write_text("#!/bin/bash\n")
     with pytest.raises(FileNotFoundError, match="sbatch not found: .* start the worker on a login node"):
-        run_job(script, tmp_path / "heartbeat", lambda job_id: tmp_path / f"job-{job_id}.out", SlurmSettings(),
-                print, env={"PATH": str(tmp_path)})
+        run_job(draft, lambda job_id: tmp_path / f"job-{job_id}.sh", tmp_path / "heartbeat",
+                lambda job_id: tmp_path / f"job-{job_id}.out", SlurmSettings(), print, env={"PATH": str(tmp_path)})
+    assert list(tmp_path.iterdir()) == [tmp_path / "heartbeat"]  # no script is left of a job never submitted
 
 
 # the init stage's weight sources

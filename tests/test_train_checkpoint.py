@@ -50,7 +50,7 @@ def test_incomplete_checkpoints_are_never_picked_up(tmp_path):
     summary = train(config)
     assert summary["start_step"] == 3
     assert [r["step"] for r in read_metrics(config.out_dir)] == [0, 1, 2, 3]  # every line parses again
-    assert not list(root.glob(".tmp_*"))  # cleaned up by the next save
+    assert not list(root.glob(".tmp_*"))  # removed by the next start (it holds the run's lock)
     assert _steps(config.out_dir) == [1, 2, 3, 4]
 
 

@@ -1,0 +1,159 @@
+"""The path policy (common/paths.py) and the folder lock (common/locks.py) on their own, with real files, links
+and processes: names are names, nothing resolves out of its folder (links at any level included), a second
+writer is refused or waits with the holder named, a killed holder's lock is taken over, and the leftovers of
+an interrupted write are removed by the next holder. Seconds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from common.locks import FolderLocked, folder_lock
+from common.paths import PathOutsideRoot, check_name, inside, listed_file, under
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "/etc", "a\\b", "a\0b", "sm[o]ke", "*", "r?n", "x" * 256,
+                                  "é" * 128])
+def test_a_name_that_is_not_one_plain_component_is_refused_naming_the_setting(name):
+    with pytest.raises(ValueError, match="^dataset must be a plain name"):
+        check_name(name, "dataset")
+
+
+def test_plain_names_pass():
+    for name in ("smoke", "gpt2-124m", "fineweb10B", "a.b_c", "x" * 255):
+        assert check_name(name, "dataset") == name
+
+
+def test_a_link_at_any_level_that_leaves_root_is_refused(tmp_path):
+    root, elsewhere = tmp_path / "artifacts", tmp_path / "elsewhere"
+    (root / "runs").mkdir(parents=True)
+    elsewhere.mkdir()
+    assert under(root, "runs", "mine") == (root / "runs" / "mine").resolve()
+    (root / "runs" / "linked").symlink_to(elsewhere)  # the last level
+    with pytest.raises(PathOutsideRoot, match=f"resolves to {elsewhere}/?, outside {root}"):
+        under(root, "runs", "linked")
+    (root / "data").symlink_to(elsewhere)  # a level above the name
+    with pytest.raises(PathOutsideRoot, match="outside"):
+        under(root, "data", "smoke", "shards")
+    (root / "eval").symlink_to(root / "runs")  # a link that stays inside root is fine
+    assert under(root, "eval", "x") == (root / "runs" / "x").resolve()
+
+
+def test_a_root_that_is_itself_a_link_is_the_users_choice(tmp_path):
+    (tmp_path / "big-disk").mkdir()
+    (tmp_path / "artifacts").symlink_to(tmp_path / "big-disk")
+    assert under(tmp_path / "artifacts", "runs") == tmp_path / "big-disk" / "runs"
+
+
+def test_files_listed_in_a_marker_stay_in_their_folder(tmp_path):
+    folder = tmp_path / "step_00000010"
+    folder.mkdir()
+    (folder / "model.bin").write_bytes(b"x")
+    (folder / "leak").symlink_to("/etc/hostname")
+    marker = folder / "COMPLETE"
+    assert listed_file(folder, "model.bin", marker) == (folder / "model.bin").resolve()
+    for name in ("/etc/hostname", "../COMPLETE", "sub/model.bin", "leak", 5, None):
+        with pytest.raises(PathOutsideRoot, match=f"{marker} lists"):
+            listed_file(folder, name, marker)
+
+
+def test_inside_refuses_a_path_found_on_disk_that_leads_out(tmp_path):
+    (tmp_path / "runs" / "run").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "runs" / "run" / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(PathOutsideRoot):
+        inside(tmp_path / "runs" / "run" / "checkpoints", tmp_path / "runs")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the folder lock
+
+
+HOLD = """
+import sys, time
+from common.locks import folder_lock
+with folder_lock(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holders_lock_is_taken_over(tmp_path):
+    holder = _holder(tmp_path / "shards")
+    try:
+        with pytest.raises(FolderLocked, match=f"{tmp_path / 'shards'} is being written by pid {holder.pid} on host"):
+            with folder_lock(tmp_path / "shards"):
+                pass
+    finally:
+        holder.kill()  # SIGKILL: no code of the holder runs; the kernel drops its flock
+        holder.wait()
+    with folder_lock(tmp_path / "shards"):
+        assert json.loads((tmp_path / "shards" / "LOCK").read_text())["pid"] != holder.pid
+
+
+def test_a_waiting_writer_is_told_who_holds_the_folder_and_runs_once_it_is_free(tmp_path):
+    holder = _holder(tmp_path / "shards")
+    told, entered = [], threading.Event()
+
+    def second_writer():
+        with folder_lock(tmp_path / "shards", wait=True, on_wait=told.append):
+            entered.set()
+
+    thread = threading.Thread(target=second_writer)
+    thread.start()
+    try:
+        time.sleep(2)
+        assert not entered.is_set()
+        assert told == [f"waiting for the lock: {tmp_path / 'shards'} is being written by pid {holder.pid} on host "
+                        f"{json.loads((tmp_path / 'shards' / 'LOCK').read_text())['host']} "
+                        f"(lock {tmp_path / 'shards' / 'LOCK'})"]
+    finally:
+        holder.kill()
+        holder.wait()
+    thread.join(timeout=60)
+    assert entered.is_set()
+
+
+def test_the_next_holder_removes_what_an_interrupted_write_left(tmp_path):
+    folder = tmp_path / "init" / "checkpoints"
+    (folder / ".tmp_step_00000000_4242").mkdir(parents=True)
+    (folder / ".tmp_step_00000000_4242" / "state.safetensors").write_bytes(b"half")
+    (folder / "manifest.json.4242.tmp").write_text("{")
+    (folder / "step_00000000").mkdir()
+    with folder_lock(tmp_path / "init", leftovers_in=[folder]):
+        assert sorted(p.name for p in folder.iterdir()) == ["step_00000000"]
+
+
+def test_a_link_planted_in_a_run_directory_is_refused_before_anything_is_written(tmp_path):
+    from gpt2.run_dir import RunDir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for planted in ("checkpoints", "metrics.jsonl", "tensorboard"):
+        run = RunDir(tmp_path / "runs" / planted)
+        run.root.mkdir(parents=True)
+        (run.root / planted).symlink_to(elsewhere / planted)
+        with pytest.raises(PathOutsideRoot, match=f"{run.root / planted} resolves to .*, outside {run.root}"):
+            with run.lock():
+                pass
+        assert not (run.root / "LOCK").exists() and list(elsewhere.iterdir()) == []
+    run = RunDir(tmp_path / "runs" / "lock-link")
+    run.root.mkdir(parents=True)
+    (run.root / "LOCK").symlink_to(elsewhere / "LOCK")
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):  # O_NOFOLLOW: never opened through
+        with run.lock():
+            pass
+    assert list(elsewhere.iterdir()) == []
