@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from common.cli import run_cli
 from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
 
 FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
@@ -367,4 +368,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

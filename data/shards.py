@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, require_documents, source_identity
+from common.cli import run_cli
 from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
 from data.tokenizer import EOT, encode_documents, get_gpt2_encoding
 
@@ -377,4 +378,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

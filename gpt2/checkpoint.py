@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
+from common.cli import run_cli
 from common.files import (atomic_directory, naming_disk_full, read_json, remove_stale_tmp_dirs, require_free_space,
                           sha256_file, write_json)
 from gpt2.config import GPTConfig, parse_model_spec
@@ -354,4 +355,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)
