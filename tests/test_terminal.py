@@ -103,3 +103,15 @@ def test_env_sh_outlives_the_server_and_says_how_to_start_one(clone):
     assert result.returncode == 1
     assert re.fullmatch(r"error: no Prefect server answers at http://127\.0\.0\.1:\d+/api; start one with: "
                         r"KEEP_RUNNING=1 bash scripts/run\.sh\n", result.stderr), result.stderr
+
+
+def test_install_slurm_says_what_it_found():
+    from tests.fixtures.slurm import missing_reason
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    result = subprocess.run(["bash", "scripts/install_slurm.sh"], cwd=Path(__file__).resolve().parent.parent,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"\[slurm\] found Slurm \d+\.\d+\.\d+ and munge \d+\.\d+\.\d+: nothing to install\n",
+                        result.stdout), result.stdout + result.stderr
