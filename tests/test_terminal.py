@@ -115,3 +115,25 @@ def test_install_slurm_says_what_it_found():
     assert result.returncode == 0, result.stderr
     assert re.fullmatch(r"\[slurm\] found Slurm \d+\.\d+\.\d+ and munge \d+\.\d+\.\d+: nothing to install\n",
                         result.stdout), result.stdout + result.stderr
+
+
+def test_the_docs_one_host_slurm_block_runs_as_written(clone):
+    """docs/pipeline.md's one-host Slurm: install, start the cluster, export SLURM_CONF, run the Slurm smoke
+    deployment through run.sh, stop the cluster, as a reader types it."""
+    from tests.fixtures.slurm import SCRIPT, missing_reason
+    from tests.test_docs_commands import ALL_BLOCKS
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    (block,) = [b for b in ALL_BLOCKS if "slurm_single_host.sh start" in b.text]
+    cluster_dir = re.search(r"slurm_single_host\.sh start (\S+)", block.text).group(1)
+    try:
+        result = subprocess.run(["bash", "-e", "-c", block.text], cwd=clone, env=_environment(free_port()),
+                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    finally:  # a failed line leaves the cluster up
+        subprocess.run(["bash", str(SCRIPT), "stop", cluster_dir], capture_output=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{block}:\n{output[-4000:]}"
+    assert f"export SLURM_CONF={cluster_dir}/slurm.conf" in result.stdout
+    assert "gpt2-train/smoke-slurm finished with exit code 0" in result.stdout, output[-4000:]
+    assert "Traceback" not in output
