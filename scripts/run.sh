@@ -17,12 +17,13 @@
 # PostgreSQL instead of SQLite; docs/pipeline.md).
 # Shown: one line per state change of the run and its stages, a training progress line every 10 s; a run
 # that fails ends with its error, its flow run id and the command that prints its logs.
-# Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then stops server and worker.
+# Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then leaves the server and
+# worker as any end of run.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "usage: bash scripts/run.sh [DEPLOYMENT] [prefect deployment run options, e.g. --param key=value]"
 }
