@@ -188,10 +188,9 @@ class Watcher:
             self.progress = None
 
 
-def watch(flow_run_id: UUID, poll_s: float = 1.0, progress_every_s: float = 10.0,
-          hold_back_s: float = HOLD_BACK_S) -> int:
+def watch(flow_run_id: UUID, poll_s: float = 1.0, progress_every_s: float = 10.0) -> int:
     with get_client(sync_client=True) as client:
-        watcher = Watcher(client, flow_run_id, progress_every_s, hold_back_s)
+        watcher = Watcher(client, flow_run_id, progress_every_s)
         while not watcher.poll():
             time.sleep(poll_s)
         watcher.finish(poll_s)
