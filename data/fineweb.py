@@ -32,6 +32,7 @@ from typing import TypeVar
 
 from tqdm import tqdm
 
+from common.cli import run_cli
 from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
 
 FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
@@ -663,4 +664,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from common.cli import run_cli
 from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
 from common.paths import listed_file
 from data.tokenizer import VOCAB_SIZE, get_gpt2_encoding
@@ -349,4 +350,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

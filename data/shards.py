@@ -29,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from data.fineweb import batched, iter_documents, mismatch, refuse_or_clear, require_documents, source_identity
+from common.cli import run_cli
 from common.files import atomic_path, read_json, remove_stale_tmp_files, sha256_file, write_json
 from common.limits import gigabytes, physical_memory, usable_cores
 from common.paths import listed_file
@@ -425,4 +426,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,11 +1,13 @@
 """Follow a flow run on the terminal: `python -m flows.watch FLOW_RUN_ID` (what scripts/run.sh shows).
 
 One line per state change of the flow run and of each stage, a training progress line every
-`--progress-every` seconds (step, loss, tokens/s, ETA, from gpt2.train's step lines in the run's logs); a
-failed stage or run is shown with its state message (the error), and a run that did not complete ends with
-its id and the command that prints its logs. Exits 0 when the run completed, 1 otherwise.
+`--progress-every` seconds (step, loss, tokens/s, ETA, from gpt2.train's step lines in the run's logs), in
+the order they happened (a few seconds behind, so that late logs fall into place); a failed stage or run is
+shown with its state message (the error), a stage waiting for a retry (`AwaitingRetry`, `Retrying`) with
+its reason (e.g. an output folder locked by another run), and a run that did not complete ends with its id
+and the command that prints its logs. Exits 0 when the run completed, 1 otherwise.
 
-`prefect deployment run --watch` prints every event and log record instead, cut to the terminal's width.
+`prefect deployment run --watch` prints Prefect's events instead, and no training progress.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.objects import State
 from prefect.client.schemas.sorting import LogSort
 
 # gpt2.train's console line of a training step (gpt2/train.py, _step_line)
@@ -50,8 +55,12 @@ class Progress:
                 f"ETA {eta}")
 
 
-def say(line: str) -> None:
-    print(f"[{datetime.now():%H:%M:%S}] {line}", flush=True)
+RETRY_REASON = re.compile(r"^Task run failed with \w+: (?P<reason>.*)$", re.S)  # Prefect's log line of a retry
+HOLD_BACK_S = 5.0  # logs reach the server in batches (every 2 s): events this recent may still have company
+
+
+def say(at: datetime, line: str) -> None:
+    print(f"[{at.astimezone():%H:%M:%S}] {line}", flush=True)
 
 
 def stage_name(task_run_name: str) -> str:
@@ -60,45 +69,121 @@ def stage_name(task_run_name: str) -> str:
     return re.sub(r"^([^-]+)-[0-9a-f]{3}$", r"\1", task_run_name)
 
 
+@dataclass
+class Event:
+    """Something to show, at the time it happened: a state change (`state` set) or a training step line
+    (`progress`)."""
+    at: datetime
+    run_id: UUID | None
+    what: str = ""
+    state: State | None = None
+    progress: Progress | None = None
+
+
 class Watcher:
-    def __init__(self, client: SyncPrefectClient, flow_run_id: UUID, progress_every_s: float):
+    """Collects state changes and log lines from the API and shows them in the order they happened.
+
+    States and logs arrive by different paths (logs in batches, a few seconds late), so an event is shown
+    only once it is `hold_back_s` old, merged by time with the others; once the flow run is final, states
+    and logs are read until they stop coming and everything left is shown.
+    """
+
+    def __init__(self, client: SyncPrefectClient, flow_run_id: UUID, progress_every_s: float,
+                 hold_back_s: float = HOLD_BACK_S):
         self.client = client
         self.flow_run_id = flow_run_id
         self.progress_every_s = progress_every_s
-        self.states: dict[UUID, str] = {}  # the last state name shown, by run id (the flow run's and its stages')
+        self.hold_back = timedelta(seconds=hold_back_s)
+        self.states_seen: set[UUID] = set()  # state ids, of the flow run's and its stages' states
+        self.pending: list[Event] = []
+        # the reasons Prefect logged for a task run's retries, oldest first, until its retry states show them
+        # (the log line comes just after the AwaitingRetry state, so they are matched by run, not by time)
+        self.retry_reasons: dict[UUID, list[str]] = defaultdict(list)
         self.logs_seen = 0
-        self.progress: Progress | None = None
+        self.progress: Event | None = None  # the latest step line not shown yet
         self.progress_shown_at = 0.0
 
     def poll(self) -> bool:
-        """Show what changed; True once the flow run is in a final state."""
+        """Show what is old enough to be in order; True once the flow run is in a final state."""
         flow_run = self.client.read_flow_run(self.flow_run_id)  # first: what follows is at least as new
-        task_runs = self.client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
-        for task_run in sorted(task_runs, key=lambda r: r.created or datetime.min):
-            self._show_state(task_run.id, stage_name(task_run.name), task_run.state)
-        self._read_logs()
-        self._show_state(flow_run.id, f"flow run {flow_run.name}", flow_run.state)
+        self._collect(flow_run)
+        self._show(until=datetime.now(timezone.utc) - self.hold_back)
         return flow_run.state is not None and flow_run.state.is_final()
 
-    def _show_state(self, run_id: UUID, what: str, state) -> None:
-        if state is None or self.states.get(run_id) == state.name:
+    def finish(self, poll_s: float) -> None:
+        """After the final state: what is still on its way (stage states and logs reach the server after the
+        flow run's state), until a hold-back passes with nothing new; then every event left and the last step."""
+        quiet_since = time.monotonic()
+        deadline = quiet_since + 6 * self.hold_back.total_seconds()
+        while time.monotonic() - quiet_since < self.hold_back.total_seconds() and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            if self._collect(self.client.read_flow_run(self.flow_run_id)):
+                quiet_since = time.monotonic()
+        self._show(until=None)
+        self.show_progress(final=True)
+
+    def _collect(self, flow_run) -> int:
+        """Queue the flow run's and its stages' new states and the new logs' events; returns how many came."""
+        before = len(self.pending) + self.logs_seen
+        self._note_states(flow_run.id, f"flow run {flow_run.name}", flow_run.state, self.client.read_flow_run_states)
+        task_runs = self.client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+        for task_run in task_runs:
+            self._note_states(task_run.id, stage_name(task_run.name), task_run.state, self.client.read_task_run_states)
+        self._read_logs()
+        return len(self.pending) + self.logs_seen - before
+
+    def _note_states(self, run_id: UUID, what: str, current: State | None,
+                     read_history: Callable[[UUID], list[State]]) -> None:
+        """Queue the states of a run not seen yet, from its history: a retry passes through AwaitingRetry and
+        Retrying between two polls. Scheduled and Pending, which every run passes through, are left out."""
+        if current is None or current.id in self.states_seen:
             return
-        self.states[run_id] = state.name
-        detail = f": {state.message}" if state.is_failed() or state.is_crashed() else ""
-        say(f"{what}: {state.name}{detail}")
+        for state in read_history(run_id):
+            if state.id not in self.states_seen:
+                self.states_seen.add(state.id)
+                if not (state.is_scheduled() or state.is_pending()) or state.name == "AwaitingRetry":
+                    self.pending.append(Event(state.timestamp, run_id, what, state=state))
 
     def _read_logs(self) -> None:
+        """Queue the step lines and retry reasons among the new logs."""
         while logs := self.client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[self.flow_run_id])),
                                             offset=self.logs_seen, limit=200, sort=LogSort.TIMESTAMP_ASC):
             self.logs_seen += len(logs)
             for log in logs:
-                self.progress = Progress.parse(log.message) or self.progress
-        self.show_progress()
+                if progress := Progress.parse(log.message):
+                    self.pending.append(Event(log.timestamp, None, progress=progress))
+                elif log.task_run_id and (retry := RETRY_REASON.match(log.message)):
+                    self.retry_reasons[log.task_run_id].append(retry["reason"])
+
+    def _show(self, until: datetime | None) -> None:
+        """Show the pending events up to `until` (all of them: None), oldest first."""
+        self.pending.sort(key=lambda e: e.at)  # stable: events of one time keep the order they were read in
+        due = [e for e in self.pending if until is None or e.at <= until]
+        self.pending = self.pending[len(due):]
+        for event in due:
+            if event.progress is not None:
+                self.progress = event
+                self.show_progress()
+            else:
+                self.show_progress(final=True)  # the steps before a state change come before it
+                say(event.at, f"{event.what}: {event.state.name}{self._detail(event)}")
+
+    def _detail(self, event: Event) -> str:
+        """Why: a failed or crashed state's message (the error), a retry's reason (state message, else the
+        error Prefect logged when it scheduled the retry: a stage waiting for a lock says so here)."""
+        state = event.state
+        if state.is_failed() or state.is_crashed():
+            return f": {state.message}"
+        if state.name in ("AwaitingRetry", "Retrying"):  # Retrying alone when the retry has no delay
+            reasons = self.retry_reasons[event.run_id]
+            reason = state.message or (reasons.pop(0) if reasons else None)
+            return f": {reason}" if reason else ""
+        return ""
 
     def show_progress(self, final: bool = False) -> None:
         now = time.monotonic()
         if self.progress is not None and (final or now - self.progress_shown_at >= self.progress_every_s):
-            say(self.progress.line())
+            say(self.progress.at, self.progress.progress.line())
             self.progress_shown_at = now
             self.progress = None
 
@@ -108,7 +193,7 @@ def watch(flow_run_id: UUID, poll_s: float = 1.0, progress_every_s: float = 10.0
         watcher = Watcher(client, flow_run_id, progress_every_s)
         while not watcher.poll():
             time.sleep(poll_s)
-        watcher.show_progress(final=True)  # the last step's line, however recently one was shown
+        watcher.finish(poll_s)
         flow_run = client.read_flow_run(flow_run_id)
     if flow_run.state.is_completed():
         return 0

@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
+from common.cli import run_cli
 from common.files import (atomic_directory, naming_disk_full, parse_json, read_json, require_free_space,
                           sha256_file, write_json)
 from common.paths import listed_file
@@ -387,4 +388,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from common.cli import run_cli
 from common.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2.distributed import (
@@ -135,4 +136,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -11,6 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
+from common.cli import run_cli
 from gpt2.hf import export_hf
 from gpt2.weights import MODEL_SOURCE_HELP, load_model
 
@@ -47,4 +48,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -14,6 +14,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from common.cli import run_cli
 from common.files import write_json
 from gpt2.distributed import DEVICE_HELP, DEVICES, autocast_context, resolve_device
 from gpt2.model import GPT
@@ -103,4 +104,4 @@ def main(argv: list[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.cli import run_cli
 from common.files import write_json
 from data.loader import DistributedDataLoader
 from gpt2 import checkpoint as ckpt
@@ -376,4 +377,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

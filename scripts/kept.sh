@@ -1,14 +1,75 @@
-# Sourced by scripts/run.sh and scripts/stop.sh: the Prefect server and worker run.sh started, by the pid
-# files it writes beside its logs (.prefect/server.pid, .prefect/worker.pid).
+# Sourced by scripts/run.sh and scripts/stop.sh: the Prefect server and worker run.sh started, found by the
+# pid files it writes beside its logs (.prefect/server.pid, .prefect/worker.pid), whichever run.sh started
+# them; the lock that lets one script at a time start, share or stop them; and stopping them.
+#
+# .prefect/run.lock   flock: held while a script starts, joins, leaves or stops the server and worker
+# .prefect/users/PID  one file per run.sh using them; the last one to leave stops them, unless kept
+# .prefect/keep       written by KEEP_RUNNING=1: they stay up until scripts/stop.sh
+
+KEPT_HOME=${PREFECT_HOME:-$PWD/.prefect}
 
 # kept_pid NAME: prints the pid of NAME (server or worker) when that process is still a live `prefect`
 # process (not a zombie, not another program that got the pid since); fails otherwise.
 kept_pid() {
-    local file="${PREFECT_HOME:-$PWD/.prefect}/$1.pid" pid state
+    local file="$KEPT_HOME/$1.pid" pid state
     [ -f "$file" ] || return 1
     pid=$(cat "$file")
     state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
     [ -n "$state" ] && [ "$state" != Z ] || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q prefect || return 1
     echo "$pid"
+}
+
+# take_kept_lock WHO: holds .prefect/run.lock on file descriptor 9 (released when the script exits or by
+# `flock -u 9`); says so when another script holds it. Background processes must not inherit it: start
+# them with `9>&-`.
+take_kept_lock() {
+    mkdir -p "$KEPT_HOME"
+    exec 9>>"$KEPT_HOME/run.lock"
+    if ! flock -n 9; then
+        echo "[$1] waiting for another scripts/run.sh or stop.sh of this folder to finish starting or stopping the Prefect server"
+        flock 9
+    fi
+}
+
+# kept_users: the pids of the run.sh processes still using the server and worker (stale entries removed)
+kept_users() {
+    local file pid
+    mkdir -p "$KEPT_HOME/users"
+    for file in "$KEPT_HOME"/users/*; do
+        [ -e "$file" ] || continue
+        pid=${file##*/}
+        if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'scripts/run\.sh'; then
+            echo "$pid"
+        else
+            rm -f "$file"
+        fi
+    done
+}
+
+# stop_kept NAME GRACE_S: SIGTERM to NAME's process group (setsid made it its own), SIGKILL after GRACE_S
+# seconds; prints what it did
+stop_kept() {
+    local pid
+    if ! pid=$(kept_pid "$1"); then
+        echo "[stop] no $1 running"
+        rm -f "$KEPT_HOME/$1.pid"
+        return 0
+    fi
+    kill -TERM -- "-$pid" 2>/dev/null || true
+    for _ in $(seq "$2"); do
+        kept_pid "$1" >/dev/null || break
+        sleep 1
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+    rm -f "$KEPT_HOME/$1.pid"
+    echo "[stop] $1 (pid $pid) stopped"
+}
+
+# stop_all_kept: the worker first (it only needs the server while it shuts down; Prefect's worker answers
+# SIGTERM by sending itself SIGINT, which may not stop it: a short grace, then SIGKILL), then the server
+stop_all_kept() {
+    rm -f "$KEPT_HOME/keep"
+    stop_kept worker 3
+    stop_kept server 20
 }

@@ -7,25 +7,29 @@
 #   bash scripts/run.sh gpt2-tokenize/smoke --param force=true     # rerun one stage
 #   bash scripts/run.sh gpt2-pretrain/smoke --param max_steps=30   # one setting changed, the others kept
 #
+# DEPLOYMENT is FLOW/NAME (default gpt2-pretrain/smoke); a name the server does not hold is refused with the
+# valid ones listed. Several run.sh of one folder at a time share one server and worker; the last to finish
+# stops them.
 # Environment: PREFECT_PORT (default 4200), KEEP_RUNNING=1 (leave server and worker up for the UI, the
-# scheduled evaluation and `prefect deployment run`: `source .prefect/env.sh` points a shell at them,
-# `bash scripts/stop.sh` stops them; a later run.sh uses them instead of starting its own),
+# scheduled evaluation and more runs: a later run.sh uses them instead of starting its own,
+# `source .prefect/env.sh` points a shell's `prefect` at them, `bash scripts/stop.sh` stops them),
 # PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db: the same server on
 # PostgreSQL instead of SQLite; docs/pipeline.md).
 # Shown: one line per state change of the run and its stages, a training progress line every 10 s; a run
 # that fails ends with its error, its flow run id and the command that prints its logs.
-# Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then stops server and worker.
+# Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then leaves the server and
+# worker as any end of run.sh does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "usage: bash scripts/run.sh [DEPLOYMENT] [prefect deployment run options, e.g. --param key=value]"
 }
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-DEPLOYMENT=${1:-gpt2-pretrain/smoke}
-shift $(( $# > 0 ? 1 : 0 ))
+DEPLOYMENT=gpt2-pretrain/smoke
+if [ $# -gt 0 ] && [[ $1 != -* ]]; then DEPLOYMENT=$1; shift; fi  # options alone: the default deployment
 
 bash scripts/setup.sh
 
@@ -38,7 +42,7 @@ prefect=(.venv/bin/prefect)
 python=.venv/bin/python
 ENV_FILE="$PREFECT_HOME/env.sh"
 # shellcheck source=scripts/kept.sh
-source scripts/kept.sh  # kept_pid: the server and worker a KEEP_RUNNING=1 run left up
+source scripts/kept.sh  # the server and worker of this folder, shared by every run.sh, and their lock
 
 # Logs are appended to, never truncated; each start adds a line naming it. Prints the log's path.
 log_to() {
@@ -47,18 +51,25 @@ log_to() {
 }
 
 server_pid= worker_pid= watch_pid= flow_run_id= started_server=0
+# Leave the server and worker: the last run.sh using them stops them, unless they are kept (KEEP_RUNNING=1).
 cleanup() {
     if [ -n "$watch_pid" ]; then kill "$watch_pid" 2>/dev/null || true; fi
-    if [ "${KEEP_RUNNING:-0}" = 1 ] || [ "$started_server" = 0 ]; then
-        if [ -n "$server_pid" ]; then
-            echo "[run] left running: server (pid $server_pid) and worker (pid $worker_pid);" \
-                 "stop them with: bash scripts/stop.sh"
-            echo "[run] reach them from a shell with: source .prefect/env.sh"
-        fi
-        return
+    [ -n "$server_pid" ] || return 0
+    take_kept_lock run
+    rm -f "$PREFECT_HOME/users/$$"
+    local others
+    others=$(kept_users | tr '\n' ' ')
+    if [ -f "$PREFECT_HOME/keep" ]; then
+        echo "[run] left running: server (pid $server_pid) and worker (pid $worker_pid);" \
+             "stop them with: bash scripts/stop.sh"
+        echo "[run] reach them from a shell with: source .prefect/env.sh"
+    elif [ -n "$others" ]; then
+        echo "[run] server and worker left running for the other scripts/run.sh using them: ${others% }"
+    else
+        # stderr too: bash reports a background job killed by a signal ("PID Killed ... worker start") there;
+        # `wait` only waits for this script's own children, stopped by now
+        { stop_all_kept >/dev/null; wait "$worker_pid" "$server_pid" || true; } 2>/dev/null
     fi
-    # stderr too: bash reports a background job killed by a signal ("PID Killed ... worker start") there
-    { bash scripts/stop.sh >/dev/null; wait "$worker_pid" "$server_pid" || true; } 2>/dev/null
 }
 trap cleanup EXIT
 
@@ -94,13 +105,16 @@ healthy() {
     "$python" -c "import urllib.request; urllib.request.urlopen('$1/health', timeout=2)" 2>/dev/null
 }
 
+# One script at a time starts or joins the server and worker, deploys, and registers as their user.
+take_kept_lock run
 if [ -f "$ENV_FILE" ] && server_pid=$(kept_pid server) && healthy "$(sed -n 's/^export PREFECT_API_URL="\(.*\)"$/\1/p' "$ENV_FILE")"; then
     # shellcheck source=/dev/null
     source "$ENV_FILE"
     PORT=${PREFECT_API_URL##*:}; PORT=${PORT%%/*}
-    echo "[run] using the server left running (pid $server_pid) at $PREFECT_API_URL"
+    echo "[run] using the server already running (pid $server_pid) at $PREFECT_API_URL"
 else
-    server_pid=
+    server_pid= started_server=1
+    rm -f "$PREFECT_HOME/keep"
     if "$python" -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $PORT)) != 0)"; then
         echo "[run] port $PORT is taken (another Prefect server?); set PREFECT_PORT to a free port" >&2
         exit 1
@@ -109,30 +123,33 @@ else
     # which cancels the flow run through them before stopping them.
     echo "[run] starting the Prefect server on port $PORT (log: .prefect/server.log)"
     server_log=$(log_to server.log)
-    setsid "${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >>"$server_log" 2>&1 &
-    server_pid=$! started_server=1
+    setsid "${prefect[@]}" server start --host 127.0.0.1 --port "$PORT" >>"$server_log" 2>&1 9>&- &
+    server_pid=$!
     echo "$server_pid" >"$PREFECT_HOME/server.pid"
     for _ in $(seq 120); do
         if healthy "$PREFECT_API_URL"; then break; fi
-        if ! kill -0 "$server_pid" 2>/dev/null; then
-            echo "[run] the server exited; see .prefect/server.log" >&2
-            tail -20 "$server_log" >&2
-            exit 1
-        fi
+        if ! kill -0 "$server_pid" 2>/dev/null; then break; fi
         sleep 1
     done
+    if ! healthy "$PREFECT_API_URL"; then
+        echo "[run] the Prefect server did not come up on port $PORT; its log, .prefect/server.log, ends with:" >&2
+        tail -20 "$server_log" >&2
+        exit 1
+    fi
+    # Kept after the server stops (scripts/stop.sh): sourced then, it changes nothing and says what to do.
     cat >"$ENV_FILE" <<EOF
-# source .prefect/env.sh: this shell then reaches the Prefect server scripts/run.sh started (KEEP_RUNNING=1);
-# bash scripts/stop.sh stops it and removes this file
-export PREFECT_HOME="$PREFECT_HOME"
-export PREFECT_API_URL="$PREFECT_API_URL"
-export PATH="$PWD/.venv/bin:\$PATH"
+# source .prefect/env.sh: this shell's \`prefect\` then reaches the Prefect server scripts/run.sh started
+# (KEEP_RUNNING=1), with .venv/bin on PATH; when that server is gone it changes nothing and says so
 if ! "$PWD/$python" -c "import urllib.request; urllib.request.urlopen('$PREFECT_API_URL/health', timeout=3)" 2>/dev/null; then
     echo "error: no Prefect server answers at $PREFECT_API_URL; start one with: KEEP_RUNNING=1 bash scripts/run.sh" >&2
     return 1 2>/dev/null || exit 1
 fi
+export PREFECT_HOME="$PREFECT_HOME"
+export PREFECT_API_URL="$PREFECT_API_URL"
+export PATH="$PWD/.venv/bin:\$PATH"
 EOF
 fi
+if [ "${KEEP_RUNNING:-0}" = 1 ]; then touch "$PREFECT_HOME/keep"; fi
 
 # A server of this run's own gets the pool and the deployments; a kept one only when prefect.yaml changed
 # since it got them (the worker runs the flows' code from this folder as it is, so code needs no deploy).
@@ -153,15 +170,19 @@ else
 fi
 
 if worker_pid=$(kept_pid worker); then
-    echo "[run] using the worker left running (pid $worker_pid)"
+    echo "[run] using the worker already running (pid $worker_pid)"
 else
     echo "[run] starting a worker (log: .prefect/worker.log)"
     worker_log=$(log_to worker.log)
-    setsid "${prefect[@]}" worker start --pool gpt2-local >>"$worker_log" 2>&1 &
+    setsid "${prefect[@]}" worker start --pool gpt2-local >>"$worker_log" 2>&1 9>&- &
     worker_pid=$!
     echo "$worker_pid" >"$PREFECT_HOME/worker.pid"
 fi
+mkdir -p "$PREFECT_HOME/users"
+touch "$PREFECT_HOME/users/$$"
+flock -u 9
 
+"$python" -m flows.deployments "$DEPLOYMENT" || exit 2
 echo "[run] prefect deployment run $DEPLOYMENT $*"
 created=$("${prefect[@]}" deployment run "$DEPLOYMENT" "$@" 2>&1) || {
     echo "$created" >&2

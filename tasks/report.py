@@ -47,7 +47,8 @@ def training_figures(metrics: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 def loss_curve_figure(metrics: list[dict[str, Any]], run_name: str) -> "matplotlib.figure.Figure":
-    """Train and val loss against step, titled with the run's name, with llm.c's 10B-token val loss dashed."""
+    """Train and val loss against step, titled with the run's name, with llm.c's 10B-token val loss dashed; the
+    y-axis spans the run's losses (a short run's 10.8 -> 10.45 is not flattened by the reference at 3.28)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on training hosts
@@ -60,7 +61,15 @@ def loss_curve_figure(metrics: list[dict[str, Any]], run_name: str) -> "matplotl
         ax.plot(*zip(*train), label="train loss", linewidth=1)
     if val:
         ax.plot(*zip(*val), "o-", label="val loss", markersize=3)
-    ax.axhline(REFERENCE_VAL_LOSS, color="gray", linestyle="--", label=f"llm.c 124M after 10B tokens ({REFERENCE_VAL_LOSS})")
+    reference = f"llm.c 124M after 10B tokens ({REFERENCE_VAL_LOSS})"
+    losses = [loss for _, loss in train + val]
+    if losses:  # the run's losses fill the axis; a reference far below (a short run) is named, not drawn to
+        low, high = min(losses), max(losses)
+        margin = max(0.05 * (high - low), 0.01)
+        ax.set_ylim(low - margin, high + margin)
+        if REFERENCE_VAL_LOSS < low - margin:
+            reference += ", below this axis"
+    ax.axhline(REFERENCE_VAL_LOSS, color="gray", linestyle="--", label=reference)
     ax.set_title(f"Loss of {run_name}")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")

@@ -6,8 +6,11 @@ path of the same converted model computes, and both must differ from bf16/fp32 a
 rounding (e4m3 keeps 3 mantissa bits), which an unconverted matmul would not show.
 """
 
+import pytest
 import torch
 import torch.nn as nn
+
+pytest.importorskip("torchao", reason="the FP8 measurement needs torchao: pip install -e '.[fp8]'")
 
 from bench.fp8 import convert_blocks_to_fp8
 from gpt2.config import GPTConfig

@@ -84,6 +84,16 @@ def test_blocks_that_do_not_run_here_are_listed():
     assert RUN_BLOCKS, "no block is marked `run`"
 
 
+TRAINING_DEPLOYMENT = re.compile(r"^\s*prefect deployment run gpt2-(?:pretrain|train)/\S+.*--watch", flags=re.M)
+
+
+def test_no_block_follows_training_with_prefects_watch():
+    """`prefect deployment run --watch` shows Prefect's events and never a training step: a reader who follows a
+    training run that way sees no progress. The docs follow training with run.sh (or flows.watch)."""
+    watched = [f"{b}: {line.strip()}" for b in RUN_BLOCKS for line in TRAINING_DEPLOYMENT.findall(b.text)]
+    assert not watched, f"training followed with --watch (no step, loss or ETA line ever shows): {watched}"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # one clone, one kept server and worker
 
@@ -94,8 +104,9 @@ class Clone:
     env: dict[str, str]  # no PREFECT_* of the test process; PREFECT_PORT: a free port
 
     def bash(self, script: str, timeout: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess:
-        """`script` in a bash -e shell of the clone, after `source .prefect/env.sh` where that file exists."""
-        prologue = "if [ -f .prefect/env.sh ]; then source .prefect/env.sh; fi\n"
+        """`script` in a bash -e shell of the clone, after `source .prefect/env.sh` where that file exists (once
+    its server is stopped, sourcing it changes nothing)."""
+        prologue = "if [ -f .prefect/env.sh ]; then source .prefect/env.sh 2>/dev/null || true; fi\n"
         return subprocess.run(["bash", "-e", "-c", prologue + script], cwd=self.path, env=self.env,
                               capture_output=True, text=True, timeout=timeout)
 
@@ -227,13 +238,15 @@ def _check_outcome(block: Block, clone: Clone, result: subprocess.CompletedProce
     assert "Traceback" not in output, f"{block}:\n{output[-4000:]}"
     watched = len(re.findall(r"^\s*prefect deployment run .*--watch", block.text, flags=re.M))
     assert output.count("Flow run finished successfully in 'Completed'") == watched, output[-4000:]
-    for deployment in re.findall(r"^\s*(?:\S+=\S+ )*bash scripts/run\.sh ?(\S*)", block.text, flags=re.M):
+    for deployment in re.findall(r"^\s*(?:\S+=\S+ )*bash scripts/run\.sh ?((?!-)\S*)", block.text, flags=re.M):
         assert f"{deployment or 'gpt2-pretrain/smoke'} finished with exit code 0" in output, output[-4000:]
         _check_watch_lines(result.stdout)
     if re.search(r"^\s*bash scripts/stop\.sh", block.text, flags=re.M):
         kept = kept + [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]  # those run.sh left or used
         assert kept and not [pid for pid in kept if _alive(pid)], "the kept server or worker still runs"
-        assert not (clone.path / ".prefect" / "env.sh").exists()
+        gone = subprocess.run(["bash", "-c", "source .prefect/env.sh"], cwd=clone.path, env=clone.env,
+                              capture_output=True, text=True, timeout=60)
+        assert gone.returncode == 1 and "start one with: KEEP_RUNNING=1 bash scripts/run.sh" in gone.stderr
 
 
 WATCH_LINE = re.compile(r"\[\d\d:\d\d:\d\d\] (?:flow run [\w-]+|[a-z][\w-]*): (?:[A-Z][A-Za-z]+(?:: .*)?|"

@@ -69,3 +69,19 @@ def test_summary_markdown_says_when_the_curve_file_is_gone(tmp_path):
     markdown = run_summary_markdown("Training run x", str(tmp_path), 0, 0, {}, None, str(gone))
     assert "data:image" not in markdown
     assert f"`{gone}` is missing" in markdown
+
+
+def test_a_short_run_fills_the_y_axis_and_the_reference_below_it_is_named():
+    """A short run's 10.8 -> 10.45 is the whole plot, not a flat line at the top of a 3..11 axis; the 3.28
+    reference, off the axis, stays in the legend saying so."""
+    import matplotlib.pyplot as plt
+
+    short = [{"step": s, "kind": "train", "loss": 10.8 - 0.35 * s / 24} for s in range(25)]
+    fig = loss_curve_figure(short, RUN)
+    try:
+        low, high = fig.axes[0].get_ylim()
+        assert 10.3 < low < 10.45 and 10.8 < high < 10.95, (low, high)
+        legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+        assert any("3.28" in text and "below" in text for text in legend), legend
+    finally:
+        plt.close(fig)

@@ -1,0 +1,139 @@
+"""scripts/run.sh and scripts/stop.sh as a user meets them on the terminal: two run.sh started at once with no
+server up share one and both return, stop.sh stops whatever run.sh started, a wrong deployment name is one line
+listing the valid ones, and `.prefect/env.sh` outlives the server it points at with a message saying what to do.
+
+Each test uses a fresh clone of the committed tree (tests/test_pipeline_deployments.py's `clone` fixture) and a
+free port of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.processes import free_port
+from tests.test_pipeline_deployments import clone  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow
+
+RUN_TIMEOUT_S = 900  # two smoke runs at once on a loaded 2-core box take about 5 minutes
+
+
+def _environment(port: int) -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment["PREFECT_PORT"] = str(port)
+    return environment
+
+
+def _processes_of(clone_path: Path) -> list[str]:
+    """Live processes (pid and command line) started with this clone's PREFECT_HOME: its server and worker."""
+    home = f"PREFECT_HOME={clone_path}/.prefect".encode()
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if home in environ and state != "Z" and "prefect" in cmdline:
+            found.append(f"{pid} {cmdline}")
+    return found
+
+
+def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_nothing(clone):
+    environment = _environment(free_port())
+    commands = [["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"],
+                # no deployment named: the default one, gpt2-pretrain/smoke
+                ["bash", "scripts/run.sh", "--param", "max_steps=4", "--param", "run_name=second"]]
+    procs = [subprocess.Popen(command, cwd=clone, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True) for command in commands]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=RUN_TIMEOUT_S)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+    for command, proc, output in zip(commands, procs, outputs):
+        assert proc.returncode == 0, f"{' '.join(command)}:\n{output[-4000:]}"
+    assert "gpt2-hellaswag/smoke finished with exit code 0" in outputs[0]
+    assert "gpt2-pretrain/smoke finished with exit code 0" in outputs[1]
+    assert sum("starting the Prefect server" in output for output in outputs) == 1, outputs
+    server_log = (clone / ".prefect" / "server.log").read_text()
+    assert "address already in use" not in server_log.lower()
+
+    stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, text=True,
+                          timeout=120)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert not _processes_of(clone)
+
+
+def _run_sh_fails(clone: Path, *args: str, port: int) -> list[str]:
+    result = subprocess.run(["bash", "scripts/run.sh", *args], cwd=clone, env=_environment(port), capture_output=True,
+                            text=True, timeout=RUN_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name, suggested", [("smoke", "gpt2-pretrain/smoke"),
+                                             ("gpt2-pretrain/smok", "gpt2-pretrain/smoke")])
+def test_an_unknown_deployment_is_one_line_listing_the_valid_names(clone, name, suggested):
+    errors = _run_sh_fails(clone, name, port=free_port())
+    assert len(errors) == 1, errors
+    guesses, listed = errors[0].split("valid names")
+    assert f'"{name}"' in guesses and "did you mean" in guesses and suggested in guesses, errors
+    for valid in ("gpt2-pretrain/smoke", "gpt2-train/smoke", "gpt2-pretrain/gpt2-124m", "gpt2-evaluate/scheduled"):
+        assert valid in listed, errors
+
+
+def test_env_sh_outlives_the_server_and_says_how_to_start_one(clone):
+    port = free_port()
+    subprocess.run(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"], cwd=clone, env=_environment(port),
+                   check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+    result = subprocess.run(["bash", "-c", "source .prefect/env.sh"], cwd=clone, env=_environment(port),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert re.fullmatch(r"error: no Prefect server answers at http://127\.0\.0\.1:\d+/api; start one with: "
+                        r"KEEP_RUNNING=1 bash scripts/run\.sh\n", result.stderr), result.stderr
+
+
+def test_install_slurm_says_what_it_found():
+    from tests.fixtures.slurm import missing_reason
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    result = subprocess.run(["bash", "scripts/install_slurm.sh"], cwd=Path(__file__).resolve().parent.parent,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"\[slurm\] found Slurm \d+\.\d+\.\d+ and munge \d+\.\d+\.\d+: nothing to install\n",
+                        result.stdout), result.stdout + result.stderr
+
+
+def test_the_docs_one_host_slurm_block_runs_as_written(clone):
+    """docs/pipeline.md's one-host Slurm: install, start the cluster, export SLURM_CONF, run the Slurm smoke
+    deployment through run.sh, stop the cluster, as a reader types it."""
+    from tests.fixtures.slurm import SCRIPT, missing_reason
+    from tests.test_docs_commands import ALL_BLOCKS
+
+    if reason := missing_reason():
+        pytest.skip(reason)
+    (block,) = [b for b in ALL_BLOCKS if "slurm_single_host.sh start" in b.text]
+    cluster_dir = re.search(r"slurm_single_host\.sh start (\S+)", block.text).group(1)
+    try:
+        result = subprocess.run(["bash", "-e", "-c", block.text], cwd=clone, env=_environment(free_port()),
+                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    finally:  # a failed line leaves the cluster up
+        subprocess.run(["bash", str(SCRIPT), "stop", cluster_dir], capture_output=True, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{block}:\n{output[-4000:]}"
+    assert f"export SLURM_CONF={cluster_dir}/slurm.conf" in result.stdout
+    assert "gpt2-train/smoke-slurm finished with exit code 0" in result.stdout, output[-4000:]
+    assert "Traceback" not in output
