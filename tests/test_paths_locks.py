@@ -9,13 +9,13 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from common.locks import FolderLocked, folder_lock
 from common.paths import PathOutsideRoot, check_name, inside, listed_file, under
+from tests.fixtures.processes import wait_for
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "/etc", "a\\b", "a\0b", "sm[o]ke", "*", "r?n", "x" * 256,
@@ -115,7 +115,7 @@ def test_a_waiting_writer_is_told_who_holds_the_folder_and_runs_once_it_is_free(
     thread = threading.Thread(target=second_writer)
     thread.start()
     try:
-        time.sleep(2)
+        assert wait_for(lambda: told, 60)  # told once, while the holder keeps the lock
         assert not entered.is_set()
         assert told == [f"waiting for the lock: {tmp_path / 'shards'} is being written by pid {holder.pid} on host "
                         f"{json.loads((tmp_path / 'shards' / 'LOCK').read_text())['host']} "
