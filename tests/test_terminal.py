@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ def _processes_of(clone_path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S + 300)  # both runs within RUN_TIMEOUT_S, then stop.sh
 def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_nothing(clone):
     environment = _environment(free_port())
     commands = [["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"],
@@ -53,9 +55,10 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     procs = [subprocess.Popen(command, cwd=clone, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True) for command in commands]
     outputs = []
+    deadline = time.monotonic() + RUN_TIMEOUT_S  # for both: on the old run.sh, one of them never returned
     try:
         for proc in procs:
-            outputs.append(proc.communicate(timeout=RUN_TIMEOUT_S)[0])
+            outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
     finally:
         for proc in procs:
             if proc.poll() is None:
