@@ -3,8 +3,7 @@
 The server is SIGKILLed mid-training and kept down for over a minute -- long enough for the worker's
 cancellation observers to give up ("Cancellation observer failed") and for the API client's own retries to
 run out -- then restarted on the same database. Training goes on through the outage, the same processes,
-never failed or retried for it, and its progress is reported again once the server is back (tasks/retry.py,
-best_effort); `prefect flow-run cancel` afterwards (what the UI's button does) stops it within a minute, no
+never failed or retried for it (tasks/retry.py, best_effort); `prefect flow-run cancel` afterwards (what the UI's button does) stops it within a minute, no
 later stage runs, and the run ends Cancelled (tasks/cancel_watch.py).
 """
 
@@ -107,24 +106,25 @@ def _progress(server, flow_run_id: str) -> float | None:
     return max((float(a["data"]) for a in artifacts), default=None)
 
 
-def test_training_goes_on_through_a_long_server_outage_and_reports_progress_again_after_it(server):
+def test_training_goes_on_through_a_long_server_outage_on_its_first_attempt(server):
     """Finding 7: with the server away for 93 s, the progress artifact update from the training output callback
     raised ConnectError about 68 s in, and training was killed."""
     worker = server.start_worker("outlasts")
     try:
-        # 1000 steps: a whole percent every 10 steps, so progress is sent again and again during the outage
-        flow_run_id = server.run("gpt2-train/smoke", "--param", "run_name=outlasts", "--param", "max_steps=1000",
+        # 3000 steps: a whole percent every 30 steps, so progress is sent again and again during the outage, and
+        # training outlasts it even on an idle machine (the run is cancelled once checked)
+        flow_run_id = server.run("gpt2-train/smoke", "--param", "run_name=outlasts", "--param", "max_steps=3000",
                                  "--param", "checkpoint_every=0", "--param", "val_every=0")
-        _wait_until(lambda: (_progress(server, flow_run_id) or 0) >= 1, 600, "training to report progress")
+        _wait_until(lambda: (_progress(server, flow_run_id) or 0) >= 1 and len(training_processes("outlasts")) >= 2,
+                    600, "training to run and report progress")
         before = sorted(pid for pid, _ in training_processes("outlasts"))
+        worker_log = server.logs / "worker-outlasts.log"
 
         server.kill()
         time.sleep(LONG_OUTAGE_S)
         assert sorted(pid for pid, _ in training_processes("outlasts")) == before, \
-            "training was killed (or restarted) during the outage"
+            f"training was killed (or restarted) during the outage:\n{worker_log.read_text()[-3000:]}"
         server.start()
-        shown = _progress(server, flow_run_id)
-        _wait_until(lambda: _progress(server, flow_run_id) > shown, 300, "progress to be reported again")
         assert sorted(pid for pid, _ in training_processes("outlasts")) == before
         train = task_runs(server, flow_run_id)["train"]
         assert (train["state"]["type"], train["run_count"]) == ("RUNNING", 1), train
