@@ -302,7 +302,7 @@ def test_deterministic_failure_is_not_retried(smoke, tmp_path, monkeypatch):
     ({"warmup_steps": 50}, "warmup_steps=50 exceeds max_steps=20"),  # gpt2.train's own check
     ({"total_batch_size": 100}, "total_batch_size=100 is not a multiple of batch_size*seq_len*world_size"),
     ({"model": "n_layer=2,n_head=3,n_embd=64,block_size=64"}, "n_head"),
-    ({"shard_size": 0}, "shard_size: Input should be greater than or equal to 1"),
+    ({"shard_size": 0}, "shard_size=0: must lie in [1, 2147483647]"),
 ])
 def test_bad_setting_fails_before_any_stage_runs_naming_the_field(smoke, tmp_path, changes, message):
     from flows.pipeline import gpt2_pretrain

@@ -58,7 +58,7 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     assert train_run.run_count == 1  # no failed attempts on the corrupt checkpoint
     summary = json.loads((Path(records["train"].run_dir) / "summary.json").read_text())
     assert summary["start_step"] == config.checkpoint_every  # the previous checkpoint, not the corrupt one
-    from gpt2.checkpoint import verify_checkpoint
+    from gpt2.checkpoint import COMPLETE_MARKER, verify_checkpoint
     from gpt2.run_dir import RunDir
 
     run_dir = RunDir(records["train"].run_dir)
@@ -67,7 +67,9 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     record = records["train"].checkpoint
     assert record.path == str(final) and record.step == config.max_steps
     marker = verify_checkpoint(record.path)  # what is recorded verifies, file by file
-    assert {Path(f.path).name: f.sha256 for f in record.files} == {n: e["sha256"] for n, e in marker["files"].items()}
+    recorded = {Path(f.path).name: f.sha256 for f in record.files}
+    assert recorded.pop(COMPLETE_MARKER)  # the marker is recorded too: a checkpoint without it is never served
+    assert recorded == {n: e["sha256"] for n, e in marker["files"].items()}
 
     (artifact,) = artifacts(f"train-summary-{run_dir.root.name}", flow_run_id)
     assert "failed verification" in artifact.data and str(final) in artifact.data
