@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt2 import step as step_fns
 from gpt2.config import parse_model_spec
-from gpt2.distributed import setup, teardown
+from gpt2.distributed import DistContext, setup, teardown
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 
@@ -50,6 +50,14 @@ def main() -> None:
     parser.add_argument("--out", help="rank 0 writes the results here as JSON")
     args = parser.parse_args()
     ctx = setup("auto")
+    results = measure(args, ctx)  # the DDP model (its reducer holds the process group) is gone on return
+    if ctx.is_master:
+        report(results, args.out)
+    teardown()
+
+
+def measure(args: argparse.Namespace, ctx: DistContext) -> list[dict]:
+    """One row per mode (plain fused AdamW, then ZeRO-1): step time, tokens/s and memory."""
     cuda = ctx.device.type == "cuda"
     config = parse_model_spec(args.model)
     if cuda:
@@ -92,17 +100,20 @@ def main() -> None:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
-    if ctx.is_master:
-        print("| mode | model | GPUs | B x T x accum | step ms | tokens/s | optimizer state GB/GPU | peak alloc GB/GPU |")
-        print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
-        for r in results:
-            print(f"| {r['mode']} | {r['model']} | {r['world']} | {r['B']} x {r['T']} x {r['grad_accum']} | "
-                  f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['optimizer_state_gb_per_rank']:.2f} | "
-                  f"{r['peak_alloc_gb_per_rank']:.1f} |", flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
-    teardown()
+    return results
+
+
+def report(results: list[dict], out: str | None) -> None:
+    """The rows as a markdown table (docs/benchmarks.md's), and as JSON in `out` if given."""
+    print("| mode | model | GPUs | B x T x accum | step ms | tokens/s | optimizer state GB/GPU | peak alloc GB/GPU |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for r in results:
+        print(f"| {r['mode']} | {r['model']} | {r['world']} | {r['B']} x {r['T']} x {r['grad_accum']} | "
+              f"{r['step_ms']:.1f} | {r['tokens_per_s']:,.0f} | {r['optimizer_state_gb_per_rank']:.2f} | "
+              f"{r['peak_alloc_gb_per_rank']:.1f} |", flush=True)
+    if out:
+        with open(out, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":
