@@ -8,6 +8,12 @@ is refused with FolderLocked naming the holder (a training run's directory).
 
 Holding the lock is also what makes leftovers safe to remove: nobody else writes the folder, so the
 temporary files and folders a killed writer left there are deleted as soon as the lock is taken.
+
+A stage that reads another's output (training and evaluation read shards and the HellaSwag file) holds the
+same lock shared (`folder_read_lock`): readers do not exclude each other, a writer waits until the last reader
+is done, and a reader waits for a writer, so a stage rerun with force=true never rewrites files a training
+run is reading. Each reader also holds a file of its own in `LOCK.readers/`, which is how a waiting writer
+names it.
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from common.files import remove_stale_tmp_dirs, remove_stale_tmp_files
 
 LOCK_FILE = "LOCK"
+READERS = "LOCK.readers"  # one file per reader (host.pid.uuid), flocked by it while it reads
 WAIT_POLL_S = 1.0  # how often a waiting writer tries the lock again
 
 
@@ -46,9 +55,10 @@ def folder_lock(folder: str | os.PathLike, wait: bool = False, on_wait: Callable
     lock_file = folder / LOCK_FILE
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a planted link is an error, not followed
     try:
-        _acquire(fd, folder, lock_file, wait, on_wait)
+        _acquire(fd, fcntl.LOCK_EX, folder, lock_file, wait, on_wait)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode(), 0)
+        os.pwrite(fd, json.dumps(_me()).encode(), 0)
+        shutil.rmtree(folder / READERS, ignore_errors=True)  # no reader holds the lock now: all of them are gone
         for place in [folder] if leftovers_in is None else leftovers_in:
             remove_stale_tmp_dirs(place)
             remove_stale_tmp_files(place)
@@ -57,21 +67,56 @@ def folder_lock(folder: str | os.PathLike, wait: bool = False, on_wait: Callable
         os.close(fd)  # releases the flock
 
 
-def _acquire(fd: int, folder: Path, lock_file: Path, wait: bool, on_wait: Callable[[str], None] | None) -> None:
+@contextlib.contextmanager
+def folder_read_lock(folder: str | os.PathLike, on_wait: Callable[[str], None] | None = None) -> Iterator[Path]:
+    """Hold `folder`'s lock shared for the block, while reading what a writer made there; yields the folder.
+
+    A writer holding it is waited for (`on_wait` gets one message naming it); other readers are not. A folder
+    that cannot be written (a read-only mount) has no writer to exclude, and one that does not exist nothing to
+    protect: the block runs without a lock (and the reader's own checks report a missing file).
+    """
+    folder = Path(folder)
+    lock_file = folder / LOCK_FILE
+    try:
+        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.ENOENT):
+            raise
+        yield folder
+        return
+    try:
+        _acquire(fd, fcntl.LOCK_SH, folder, lock_file, wait=True, on_wait=on_wait)
+        (folder / READERS).mkdir(exist_ok=True)
+        me = folder / READERS / f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        reader_fd = os.open(me, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(reader_fd, fcntl.LOCK_EX)  # alive while held: how a writer tells it from a killed reader's
+            os.pwrite(reader_fd, json.dumps(_me()).encode(), 0)
+            yield folder
+        finally:
+            me.unlink(missing_ok=True)
+            os.close(reader_fd)
+    finally:
+        os.close(fd)
+
+
+def _acquire(fd: int, mode: int, folder: Path, lock_file: Path, wait: bool,
+             on_wait: Callable[[str], None] | None) -> None:
     told = False
-    while not _try_lock(fd):
-        held = f"{folder} is being written by {_holder(fd)} (lock {lock_file})"
+    while not _try_lock(fd, mode):
+        role, holders = _holders(fd, folder)
+        held = f"{folder} is being {holders} (lock {lock_file})"
         if not wait:
-            raise FolderLocked(f"{held}; wait for that writer to end or stop it, or write somewhere else")
+            raise FolderLocked(f"{held}; wait for that {role} to end or stop it, or write somewhere else")
         if on_wait and not told:
             on_wait(f"waiting for the lock: {held}")
             told = True
         time.sleep(WAIT_POLL_S)
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, mode: int) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
         return True
     except OSError as e:
         if e.errno not in (errno.EWOULDBLOCK, errno.EACCES):
@@ -79,9 +124,38 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
-def _holder(fd: int) -> str:
+def _me() -> dict[str, object]:
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def _holders(fd: int, folder: Path) -> tuple[str, str]:
+    """("writer", "written by pid P on host H"), or ("reader", "read by pid P on host H" and how many more)."""
+    readers = _live_readers(folder)
+    if readers:
+        more = f" and {len(readers) - 1} more reader(s)" if len(readers) > 1 else ""
+        return "reader", f"read by {readers[0]}{more}"
+    return "writer", f"written by {_named(os.pread(fd, 4096, 0))}"
+
+
+def _live_readers(folder: Path) -> list[str]:
+    """The readers whose file in READERS is still locked (a killed reader's lock went with it)."""
+    live = []
+    for path in sorted((folder / READERS).glob("*")):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue  # gone since the listing, or not a reader's file
+        try:
+            if not _try_lock(fd, fcntl.LOCK_SH):
+                live.append(_named(os.pread(fd, 4096, 0)))
+        finally:
+            os.close(fd)
+    return live
+
+
+def _named(text: bytes) -> str:
     try:
-        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        holder = json.loads(text or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError):
         holder = {}
     if not isinstance(holder, dict):

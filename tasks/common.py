@@ -1,18 +1,19 @@
-"""Small helpers shared by the stage tasks: log forwarding, child-process commands, artifact keys, the lock a
-stage holds on the folder it writes."""
+"""Small helpers shared by the stage tasks: log forwarding, child-process commands, artifact keys, the locks a
+stage holds on the folder it writes and on the folders it reads."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ContextManager
 
 from prefect import get_run_logger
 
-from common.locks import folder_lock
+from common.locks import folder_lock, folder_read_lock
 
 
 def artifact_key(*parts: str) -> str:
@@ -29,6 +30,17 @@ def log_lines() -> Callable[[str], None]:
 def python_module(module: str, args: list[str]) -> list[str]:
     """The command that runs `python -m module args...` with this interpreter."""
     return [sys.executable, "-m", module, *args]
+
+
+@contextlib.contextmanager
+def reading(*folders: str | os.PathLike) -> Iterator[None]:
+    """Hold the read lock (common.locks.folder_read_lock) of each folder another stage wrote, while a stage reads
+    from them: a rerun of that stage waits until the reading is done, logging who reads; a writer holding one
+    is waited for, and the wait is logged."""
+    with contextlib.ExitStack() as held:
+        for folder in dict.fromkeys(Path(f) for f in folders):  # each once, in the order given
+            held.enter_context(folder_read_lock(folder, on_wait=get_run_logger().warning))
+        yield
 
 
 def writing(folder: str | os.PathLike) -> ContextManager[Path]:

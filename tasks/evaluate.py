@@ -20,7 +20,7 @@ from common.files import read_json, write_json
 from common.paths import inside
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import log_lines, python_module
+from tasks.common import log_lines, python_module, reading
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.launch import run_streaming
@@ -111,7 +111,8 @@ def evaluate_checkpoint(
     if hellaswag is not None:
         args += ["--hellaswag", hellaswag.path]
     try:
-        run_streaming(python_module("gpt2.evaluate", args), log_lines())
+        with reading(*(record.folder for record in (shards, hellaswag) if record)):  # a rerun writing them waits
+            run_streaming(python_module("gpt2.evaluate", args), log_lines())
         result = read_json(out)
     finally:
         out.unlink(missing_ok=True)

@@ -23,6 +23,11 @@ class EvalFileRecord(StageRecord):
     source: str | None = None  # where the examples came from (URL or local path), from the folder's manifest
     source_sha256: str | None = None  # the identity of the source: the sha256 of its bytes
 
+    @property
+    def folder(self) -> Path:
+        """What a stage reading the file holds the read lock of (tasks.common.reading)."""
+        return Path(self.path).parent
+
     @classmethod
     def of(cls, path: str | Path, extra_files: tuple[Path, ...] = ()) -> "EvalFileRecord":
         """The record of an eval file (plus files whose edits must invalidate it); the count is read from its

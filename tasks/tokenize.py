@@ -25,6 +25,11 @@ class ShardsRecord(StageRecord):
     shards: tuple[tuple[str, str, int], ...]  # (file, split, ntok)
     source: str  # the manifest's identity of the documents (canonical JSON)
 
+    @property
+    def folder(self) -> Path:
+        """What a stage reading the shards holds the read lock of (tasks.common.reading)."""
+        return Path(self.out_dir)
+
     @classmethod
     def from_manifest(cls, out_dir: str | Path) -> "ShardsRecord":
         """The record of a finished shard folder; shard hashes come from its manifest, not re-hashing."""

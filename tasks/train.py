@@ -25,7 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from common.files import read_json, write_json
 from common.paths import under
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
-from tasks.common import artifact_key, log_lines
+from tasks.common import artifact_key, log_lines, reading
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
 from tasks.cancel_watch import watch_for_cancellation
@@ -159,13 +159,21 @@ def train(
     nproc: processes per node; default one per visible GPU, else 1 (CPU); under Slurm, slurm.gpus_per_node.
     """
     from gpt2.run_dir import RunDir
-    from gpt2.train_config import validate_train_settings
 
     nproc, nnodes = world_shape(launcher, nproc, rendezvous, slurm)
     run_id = stage_key("train", TRAIN_CODE, _run_identity(shards, hellaswag, init, seed, settings, (nproc, nnodes)))[:12]
     run_dir = RunDir(under(runs_dir, run_id))  # never a link planted at the run id's name that leaves runs_dir
     wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
+    # the shards and the HellaSwag file stay as they are until training ends: a tokenize or hellaswag rerun waits
+    with reading(*(record.folder for record in (shards, hellaswag) if record)):
+        return _launch(run_dir, run_id, settings, wired, nproc, nnodes, rendezvous, launcher, slurm)
+
+
+def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[str, Any], nproc: int, nnodes: int,
+            rendezvous: Rendezvous, launcher: Launcher, slurm: SlurmSettings) -> TrainRecord:
+    from gpt2.train_config import validate_train_settings
+
     # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
     # process starts: a ConfigError is deterministic and is not retried
     config = validate_train_settings(settings, nproc * nnodes, wired, check_inputs=True)

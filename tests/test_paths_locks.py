@@ -1,7 +1,8 @@
 """The path policy (common/paths.py) and the folder lock (common/locks.py) on their own, with real files, links
 and processes: names are names, nothing resolves out of its folder (links at any level included), a second
 writer is refused or waits with the holder named, a killed holder's lock is taken over, and the leftovers of
-an interrupted write are removed by the next holder. Seconds."""
+an interrupted write are removed by the next holder; readers share the lock, a writer waits for the last of
+them (named) and a reader for a writer. Seconds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from common.locks import FolderLocked, folder_lock
+from common.locks import FolderLocked, folder_lock, folder_read_lock
 from common.paths import PathOutsideRoot, check_name, inside, listed_file, under
 from tests.fixtures.processes import wait_for
 
@@ -77,15 +78,16 @@ def test_inside_refuses_a_path_found_on_disk_that_leads_out(tmp_path):
 
 HOLD = """
 import sys, time
-from common.locks import folder_lock
-with folder_lock(sys.argv[1]):
+from common.locks import folder_lock, folder_read_lock
+with (folder_read_lock if sys.argv[2] == "read" else folder_lock)(sys.argv[1]):
     print("held", flush=True)
     time.sleep(600)
 """
 
 
-def _holder(folder: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+def _holder(folder: Path, mode: str = "write") -> subprocess.Popen:
+    """A process holding `folder`'s lock, as a writer or (mode "read") a reader, until it is killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), mode], stdout=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parent.parent)
     assert proc.stdout.readline().strip() == "held"
     return proc
@@ -157,3 +159,60 @@ def test_a_link_planted_in_a_run_directory_is_refused_before_anything_is_written
         with run.lock():
             pass
     assert list(elsewhere.iterdir()) == []
+
+
+def test_readers_share_the_lock_and_a_writer_waits_for_the_last_of_them_naming_it(tmp_path):
+    """A tokenize rerun (a writer) while training and an evaluation read the shards (readers): refused or kept
+    waiting, told who reads, until both are gone; a reader killed with SIGKILL holds nothing."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    training = _holder(shards, "read")
+    evaluation = _holder(shards, "read")  # a second reader is not kept out by the first
+    try:
+        with pytest.raises(FolderLocked, match=rf"{shards} is being read by pid ({training.pid}|{evaluation.pid}) "
+                                               r"on host \S+ and 1 more reader\(s\) \(lock "):
+            with folder_lock(shards):
+                pass
+        told, entered = [], threading.Event()
+
+        def rerun():
+            with folder_lock(shards, wait=True, on_wait=told.append):
+                entered.set()
+
+        thread = threading.Thread(target=rerun)
+        thread.start()
+        assert wait_for(lambda: told, 60)
+        evaluation.kill()
+        evaluation.wait()
+        with pytest.raises(FolderLocked, match=rf"{shards} is being read by pid {training.pid} on host \S+ \(lock "):
+            with folder_lock(shards):
+                pass
+        assert not entered.is_set(), "the writer went in while a reader held the folder"
+    finally:
+        for reader in (training, evaluation):
+            reader.kill()
+            reader.wait()
+    thread.join(timeout=60)
+    assert entered.is_set()
+    assert not (shards / "LOCK.readers").exists()  # the killed readers' files went with the writer's lock
+
+
+def test_a_reader_waits_for_a_writer_and_is_told_who_writes(tmp_path):
+    writer = _holder(tmp_path / "shards")
+    told, entered = [], threading.Event()
+
+    def reader():
+        with folder_read_lock(tmp_path / "shards", on_wait=told.append):
+            entered.set()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        assert wait_for(lambda: told, 60)
+        assert not entered.is_set()
+        assert told[0].startswith(f"waiting for the lock: {tmp_path / 'shards'} is being written by pid {writer.pid} ")
+    finally:
+        writer.kill()
+        writer.wait()
+    thread.join(timeout=60)
+    assert entered.is_set()

@@ -1,6 +1,6 @@
 """Integrity of the outputs, probed through a real server and worker with the commands a user types
 (`prefect deployment run ... --param ...`): names stay names and paths stay under `root` (symlinks included),
-one writer per output folder at a time, a failed rebuild deletes nothing, the cache re-verifies completeness
+one writer per output folder at a time and none while a training run reads it, a failed rebuild deletes nothing, the cache re-verifies completeness
 markers and keys on the world shape, the scheduled scan survives any bad checkpoint, and the leftovers of a
 killed writer are removed at the next start. One server and worker for the module; tests share its artifacts.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.processes import free_port, wait_for
+from tests.fixtures.processes import free_port, training_processes, wait_for
 from tests.test_pipeline_server import flow_run, flow_run_logs, serving_this_tree, task_states, wait_for_final_state
 
 pytestmark = pytest.mark.slow
@@ -247,6 +247,31 @@ def test_the_scheduled_scan_skips_and_reports_each_bad_checkpoint(server, worker
         assert why in rows[bad]["skipped"], rows[bad]
     assert not (elsewhere / "evaluations").exists() and not (elsewhere / "tensorboard").exists()
     assert str(hostname) not in "".join(p.read_text() for p in runs.rglob("evaluations/*.json"))
+
+
+def test_a_rebuild_of_the_shards_a_training_run_reads_waits_until_training_ends(server, worker):
+    """The tokenize stage rerun with another shard_size while a training run reads the dataset: before, it
+    replaced the shards under the training run; now it waits, naming the reader, and builds once training ends."""
+    train_id = server.run("gpt2-train/smoke", *[a for p in ("dataset=readlock", "run_name=reading", "max_steps=1000000",
+                                                            "checkpoint_every=0", "val_every=0") for a in ("--param", p)])
+    try:
+        assert wait_for(lambda: len(training_processes("reading")) >= 2, 600), "training did not start"
+        shards = server.tree / "artifacts" / "data" / "readlock" / "shards"
+        before = folder_snapshot(shards)
+        rebuild_id = server.run("gpt2-tokenize/smoke", "--param", "dataset=readlock", "--param", "shard_size=4096")
+        told = f"waiting for the lock: {shards.resolve()} is being read by pid "
+        waiting = wait_for(lambda: any(told in m for m in flow_run_logs(server, rebuild_id))
+                           or flow_run(server, rebuild_id)["state"]["type"] not in ("SCHEDULED", "PENDING", "RUNNING"),
+                           300)
+        state = flow_run(server, rebuild_id)["state"]["type"]
+        assert waiting and state == "RUNNING", f"the rebuild ended {state} while training read {shards}"
+        assert folder_snapshot(shards) == before
+        assert training_processes("reading"), "training stopped while the rebuild waited"
+    finally:
+        server.prefect("flow-run", "cancel", train_id, check=False)
+    assert wait_for_final_state(server, train_id)["state"]["type"] == "CANCELLED"
+    assert wait_for_final_state(server, rebuild_id)["state"]["type"] == "COMPLETED"
+    assert folder_snapshot(shards) != before  # rebuilt with 4096 tokens a shard once the reader was gone
 
 
 # ---------------------------------------------------------------------------------------------------------
