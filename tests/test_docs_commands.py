@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.processes import free_port, wait_for
+from tests.test_pipeline_server import stage_states
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -124,7 +125,7 @@ class Clone:
 
     def task_states(self, flow_run_id: str) -> dict[str, str]:
         runs = self.api("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
-        return {run["name"].split("-")[0]: run["state"]["name"] for run in runs}  # tokenize-3f2, evaluate-step-20
+        return stage_states(runs)
 
     def kept_pids(self) -> list[int]:
         home = self.path / ".prefect"

@@ -60,6 +60,18 @@ def failure(server, flow_run_id: str, state: dict) -> str:
     return "\n".join(flow_run_logs(server, flow_run_id)) + state["state"]["message"]
 
 
+def state_once_logged(server, flow_run_id: str, told: str, timeout_s: float = 300) -> str:
+    """The flow run's state type once one of its log lines contains `told`, or once it ended without; "told
+    nothing" if neither happened within `timeout_s`."""
+    def logged_or_ended() -> bool:
+        return (any(told in m for m in flow_run_logs(server, flow_run_id))
+                or flow_run(server, flow_run_id)["state"]["type"] not in ("SCHEDULED", "PENDING", "RUNNING"))
+
+    if not wait_for(logged_or_ended, timeout_s):
+        return f"told nothing within {timeout_s} s"
+    return flow_run(server, flow_run_id)["state"]["type"]
+
+
 def folder_snapshot(folder: Path) -> dict[str, str]:
     """sha256 of each file in `folder` but its LOCK (whose text names the last writer)."""
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
@@ -138,12 +150,8 @@ def test_a_second_writer_of_a_folder_waits_for_its_lock(server, worker):
         lock.write(json.dumps({"pid": os.getpid(), "host": "probe-host"}))
         lock.flush()
         flow_run_id = server.run("gpt2-tokenize/smoke", "--param", "force=true")
-        told = f"is being written by pid {os.getpid()} on host probe-host"
-        waiting = wait_for(lambda: any(told in m for m in flow_run_logs(server, flow_run_id))
-                           or flow_run(server, flow_run_id)["state"]["type"] not in ("SCHEDULED", "PENDING", "RUNNING"),
-                           300)
-        state = flow_run(server, flow_run_id)["state"]["type"]
-        assert waiting and state == "RUNNING", f"the run ended {state} while another writer held {shards}"
+        state = state_once_logged(server, flow_run_id, f"is being written by pid {os.getpid()} on host probe-host")
+        assert state == "RUNNING", f"the run did not wait while another writer held {shards}: {state}"
     assert wait_for_final_state(server, flow_run_id)["state"]["type"] == "COMPLETED"
     assert task_states(server, flow_run_id)["tokenize"] == "Completed"
 
@@ -259,12 +267,8 @@ def test_a_rebuild_of_the_shards_a_training_run_reads_waits_until_training_ends(
         shards = server.tree / "artifacts" / "data" / "readlock" / "shards"
         before = folder_snapshot(shards)
         rebuild_id = server.run("gpt2-tokenize/smoke", "--param", "dataset=readlock", "--param", "shard_size=4096")
-        told = f"waiting for the lock: {shards.resolve()} is being read by pid "
-        waiting = wait_for(lambda: any(told in m for m in flow_run_logs(server, rebuild_id))
-                           or flow_run(server, rebuild_id)["state"]["type"] not in ("SCHEDULED", "PENDING", "RUNNING"),
-                           300)
-        state = flow_run(server, rebuild_id)["state"]["type"]
-        assert waiting and state == "RUNNING", f"the rebuild ended {state} while training read {shards}"
+        state = state_once_logged(server, rebuild_id, f"waiting for the lock: {shards.resolve()} is being read by pid ")
+        assert state == "RUNNING", f"the rebuild did not wait while training read {shards}: {state}"
         assert folder_snapshot(shards) == before
         assert training_processes("reading"), "training stopped while the rebuild waited"
     finally:

@@ -147,7 +147,13 @@ def task_states(server: Server, flow_run_id: str) -> dict[str, str]:
                                      data=json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}}).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request) as response:
-        return {run["name"].split("-")[0]: run["state"]["name"] for run in json.load(response)}
+        return stage_states(json.load(response))
+
+
+def stage_states(task_runs: list[dict]) -> dict[str, str]:
+    """{stage: state name} of task runs as the API lists them (tokenize-3f2, evaluate-step-20). A task run the
+    server has just created can still be without a state: it is Pending (seen once as a TypeError in CI)."""
+    return {run["name"].split("-")[0]: (run["state"] or {"name": "Pending"})["name"] for run in task_runs}
 
 
 def start_long_training(server: Server, run_name: str, *args: str) -> str:
