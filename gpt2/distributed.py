@@ -113,7 +113,7 @@ def teardown(clean: bool = True) -> None:
     Whatever holds the group (a DDP model's reducer) must be gone before this runs: the last reference then
     drops here, without the GIL. A reducer freed after it destroys the group while holding the GIL, joining gloo's
     worker threads, one of which may be waiting for the GIL to free the barrier's work: a hang at exit, seen
-    once in 30 two-rank runs. gpt2.train builds its model inside train(), which returns first."""
+    once in 16 two-rank runs. gpt2.train builds its model inside train(), which returns first."""
     if dist.is_initialized():
         if clean:
             dist.barrier()

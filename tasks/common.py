@@ -9,7 +9,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import ContextManager
+from typing import ContextManager, Protocol
 
 from prefect import get_run_logger
 
@@ -32,13 +32,22 @@ def python_module(module: str, args: list[str]) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
+class ReadInput(Protocol):
+    """A stage's output another stage reads (ShardsRecord, EvalFileRecord)."""
+
+    @property
+    def folder(self) -> Path:  # the folder the stage that made it writes under its lock
+        ...
+
+
 @contextlib.contextmanager
-def reading(*folders: str | os.PathLike) -> Iterator[None]:
-    """Hold the read lock (common.locks.folder_read_lock) of each folder another stage wrote, while a stage reads
-    from them: a rerun of that stage waits until the reading is done, logging who reads; a writer holding one
-    is waited for, and the wait is logged."""
+def reading(*inputs: ReadInput | None) -> Iterator[None]:
+    """Hold the read lock (common.locks.folder_read_lock) of each input's folder (another stage's output: shards,
+    HellaSwag file; None for an input not given) while a stage reads it: a rerun of the stage that writes it
+    waits until the reading is done, logging who reads; a writer holding one is waited for, and the wait is
+    logged."""
     with contextlib.ExitStack() as held:
-        for folder in dict.fromkeys(Path(f) for f in folders):  # each once, in the order given
+        for folder in dict.fromkeys(i.folder for i in inputs if i is not None):  # each once, in the order given
             held.enter_context(folder_read_lock(folder, on_wait=get_run_logger().warning))
         yield
 

@@ -111,7 +111,7 @@ def evaluate_checkpoint(
     if hellaswag is not None:
         args += ["--hellaswag", hellaswag.path]
     try:
-        with reading(*(record.folder for record in (shards, hellaswag) if record)):  # a rerun writing them waits
+        with reading(shards, hellaswag):  # a rerun writing them waits
             run_streaming(python_module("gpt2.evaluate", args), log_lines())
         result = read_json(out)
     finally:

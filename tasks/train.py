@@ -166,7 +166,7 @@ def train(
     wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
     # the shards and the HellaSwag file stay as they are until training ends: a tokenize or hellaswag rerun waits
-    with reading(*(record.folder for record in (shards, hellaswag) if record)):
+    with reading(shards, hellaswag):
         return _launch(run_dir, run_id, settings, wired, nproc, nnodes, rendezvous, launcher, slurm)
 
 

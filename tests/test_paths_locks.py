@@ -7,6 +7,7 @@ them (named) and a reader for a writer. Seconds."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -216,3 +217,26 @@ def test_a_reader_waits_for_a_writer_and_is_told_who_writes(tmp_path):
         writer.wait()
     thread.join(timeout=60)
     assert entered.is_set()
+
+
+def test_a_reader_of_a_read_only_or_missing_folder_reads_without_a_lock(tmp_path):
+    """A read-only mount has no writer to exclude and a missing folder nothing to protect: the reader goes on
+    (its own checks report a missing file), and nothing is created."""
+    missing = tmp_path / "missing"
+    with folder_read_lock(missing):
+        pass
+    assert not missing.exists()
+
+    shards, mounted = tmp_path / "shards", tmp_path / "read-only"
+    shards.mkdir()
+    mounted.mkdir()
+    (shards / "manifest.json").write_text("{}")
+    if os.geteuid() != 0 or subprocess.run(["mount", "--bind", str(shards), str(mounted)]).returncode != 0:
+        pytest.skip("a read-only bind mount needs root")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mounted)], check=True)
+        with folder_read_lock(mounted):
+            assert (mounted / "manifest.json").read_text() == "{}"
+        assert sorted(p.name for p in shards.iterdir()) == ["manifest.json"]
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
