@@ -7,6 +7,7 @@ this checkout's, so nothing is written into the working tree.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port, training_processes, wait_for
+from tests.fixtures.processes import free_port, prefect_processes_of, training_processes, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -130,31 +131,55 @@ def _deployments() -> list[dict]:
 # Ctrl-C and SIGTERM of run.sh: the flow run is cancelled and its training processes stop
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "ctrl-c, server hung"])
 def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how):
-    run_name = f"interrupted-{how}"
+    """Ctrl-C (SIGINT to run.sh's process group) or SIGTERM (run.sh alone) while training runs: the run ends
+    Cancelled, run.sh exits 130 and nothing of it is left. With the server hung (SIGSTOP: a stalled database,
+    a frozen host) nothing can be cancelled: run.sh still ends in bounded time, saying so, and stopping its
+    worker takes the flow run's processes with it."""
+    run_name = "interrupted-" + re.sub(r"\W+", "-", how)
     environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     environment["PREFECT_PORT"] = str(free_port())
     # a training run that would go on for hours
     args = ["gpt2-train/smoke", "--param", f"run_name={run_name}", "--param", "max_steps=1000000",
             "--param", "checkpoint_every=0", "--param", "val_every=0"]
-    # its own session, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group
-    proc = subprocess.Popen(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # its own session, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group; its output goes to
+    # a file, so that what it said is there however it ends
+    log_path = clone.parent / "run_sh.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    server = None
     try:
         assert wait_for(lambda: len(training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
-        if how == "ctrl-c":
+        if how.endswith("server hung"):
+            server = int((clone / ".prefect" / "server.pid").read_text())  # setsid: its own process group
+            os.killpg(server, signal.SIGSTOP)
+        if how.startswith("ctrl-c"):
             os.killpg(proc.pid, signal.SIGINT)
         else:
             proc.send_signal(signal.SIGTERM)  # run.sh alone, as `kill` or a batch system would
-        output, _ = proc.communicate(timeout=180)
+        # flows.cancel's 90 s, then stopping worker (3 s) and server (20 s), with room for a loaded machine
+        try:
+            returncode = proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            returncode = None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, output[-3000:]
+        if server is not None:
+            with contextlib.suppress(ProcessLookupError):  # whatever the test found: no stopped server is left
+                os.killpg(server, signal.SIGKILL)
+    output = log_path.read_text()
+    assert returncode == 130, output[-3000:]
     assert wait_for(lambda: not training_processes(run_name), 30), training_processes(run_name)
+    assert wait_for(lambda: not prefect_processes_of(clone), 30), prefect_processes_of(clone)
+    if how.endswith("server hung"):
+        assert "did not end within 90 s of the cancel (the server did not answer" in output, output[-3000:]
+        return
     # the flow run's final state, as recorded in the (stopped) server's database
     with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:
         states = db.execute("select f.name, r.state_type from flow_run r join flow f on f.id = r.flow_id "
                             "where f.name = 'gpt2-train'").fetchall()
     assert states == [("gpt2-train", "CANCELLED")], output[-3000:]
+    assert re.search(r"\[run\] flow run [0-9a-f-]{36}: CANCELLED\n", output), output[-3000:]

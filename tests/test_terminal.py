@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port
+from tests.fixtures.processes import free_port, prefect_processes_of
 from tests.test_pipeline_deployments import clone  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -28,22 +28,6 @@ def _environment(port: int) -> dict[str, str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     environment["PREFECT_PORT"] = str(port)
     return environment
-
-
-def _processes_of(clone_path: Path) -> list[str]:
-    """Live processes (pid and command line) started with this clone's PREFECT_HOME: its server and worker."""
-    home = f"PREFECT_HOME={clone_path}/.prefect".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if home in environ and state != "Z" and "prefect" in cmdline:
-            found.append(f"{pid} {cmdline}")
-    return found
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 300)  # both runs within RUN_TIMEOUT_S, then stop.sh
@@ -74,7 +58,7 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, text=True,
                           timeout=120)
     assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert not _processes_of(clone)
+    assert not prefect_processes_of(clone)
 
 
 def _run_sh_fails(clone: Path, *args: str, port: int) -> list[str]:
