@@ -143,12 +143,14 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
     # a training run that would go on for hours
     args = ["gpt2-train/smoke", "--param", f"run_name={run_name}", "--param", "max_steps=1000000",
             "--param", "checkpoint_every=0", "--param", "val_every=0"]
-    # its own session, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group; its output goes to
-    # a file, so that what it said is there however it ends
+    # its own session, as a terminal's foreground job: Ctrl-C is SIGINT to the whole group, and SIGINT is not
+    # ignored (it would be if pytest had been started with `nohup ... &` from a script, and bash cannot trap a
+    # signal ignored when it starts); its output goes to a file, so that what it said is there however it ends
     log_path = clone.parent / "run_sh.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     server = None
     try:
         assert wait_for(lambda: len(training_processes(run_name)) >= 2, RUN_TIMEOUT_S), "training did not start"
