@@ -73,29 +73,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# the flow run's state type once it is final (COMPLETED, FAILED, CANCELLED, CRASHED), else nothing
-final_state() {
-    "$python" - "$1" <<'PY' 2>/dev/null || true
-import json, os, sys, urllib.request
-with urllib.request.urlopen(f"{os.environ['PREFECT_API_URL']}/flow_runs/{sys.argv[1]}", timeout=5) as r:
-    state = json.load(r)["state"]["type"]
-if state in ("COMPLETED", "FAILED", "CANCELLED", "CRASHED"):
-    print(state)
-PY
-}
-
 # Ctrl-C / SIGTERM: cancel the flow run through the API, so the worker stops its process (and with it
 # torchrun and the ranks: tasks/launch.py) and the run ends Cancelled; then cleanup stops worker and server.
+# flows.cancel gives up after 90 s (a server that does not answer): cleanup's stop of the worker then takes
+# the flow run's processes with it, so this script always ends and leaves nothing running.
 interrupted() {
     trap - INT TERM
     if [ -n "$flow_run_id" ] && [ -n "$worker_pid" ]; then
         echo "[run] interrupted: cancelling flow run $flow_run_id" >&2
-        "${prefect[@]}" flow-run cancel "$flow_run_id" >/dev/null 2>&1 || true
-        for _ in $(seq 60); do
-            state=$(final_state "$flow_run_id")
-            if [ -n "$state" ]; then echo "[run] flow run $flow_run_id: $state" >&2; break; fi
-            sleep 1
-        done
+        "$python" -m flows.cancel "$flow_run_id" || true
     fi
     exit 130
 }
