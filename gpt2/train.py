@@ -281,8 +281,9 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
         if decision.skip:
             logger.print(f"step {step}: update skipped: {decision.reason}")
         step_fns.optimizer_step(run.optimizer, lr, skip=decision.skip)
-        if ctx.device.type == "cuda":
-            torch.cuda.synchronize()  # the step's kernels have finished: dt is the step's real time
+        # No device sync here: the update runs on the GPU while the host logs and queues the next step's
+        # batches and micro-steps. Each step waits once, for its own loss and norm, so in a steady run dt is
+        # still the step's real period (this step's forward/backward and the previous step's update).
         dt = time.perf_counter() - t0
 
         mfu = flops_per_step / dt / (peak * ctx.world_size) if peak else None

@@ -1,0 +1,79 @@
+"""kernels.stochastic_round: the one-pass Triton rounding against the PyTorch formula given the same bits.
+
+The kernel runs on CUDA, or on CPU through Triton's interpreter (tests/conftest.py), at sizes that are not
+multiples of its block; its bits depend on (seed, offset + i) alone, so pieces rounded at their offsets equal
+the whole. The formula itself is checked against hand computations in tests/test_train_master_weights.py.
+"""
+
+import pytest
+import torch
+
+from kernels.stochastic_round import (
+    BLOCK, _random16_triton, _round_triton, random16, stochastic_round, stochastic_round_bf16,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _masters(n: int, seed: int = 0) -> torch.Tensor:
+    """Weights of GPT-2's scale with every low-16-bit pattern likely, and exact bf16 values among them."""
+    x = 0.02 * torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    x[::7] = x[::7].to(torch.bfloat16).float()
+    return x.to(DEVICE)
+
+
+@pytest.mark.parametrize("n, offset", [(1, 0), (BLOCK - 1, 0), (BLOCK + 3, 5), (3 * BLOCK + 17, 1 << 20)])
+def test_kernel_is_the_formula_with_its_bits(n, offset):
+    x = _masters(n)
+    bits = _random16_triton(n, 1234, offset, DEVICE)
+    assert bits.min() >= 0 and bits.max() < 1 << 16
+    assert torch.equal(_round_triton(x, 1234, offset), stochastic_round_bf16(x, bits))
+
+
+def test_pieces_at_their_offsets_equal_the_whole():
+    n, cut = 2 * BLOCK + 101, BLOCK + 50
+    x = _masters(n)
+    whole = _round_triton(x, 7, 0)
+    pieces = torch.cat([_round_triton(x[:cut].contiguous(), 7, 0), _round_triton(x[cut:].contiguous(), 7, cut)])
+    assert torch.equal(whole, pieces)
+
+
+def test_bits_are_uniform_and_keyed_by_seed_and_index():
+    n = 1 << 16
+    bits = _random16_triton(n, 99, 0, DEVICE).double()
+    stderr = (65536**2 / 12 / n) ** 0.5
+    assert abs(bits.mean().item() - 32767.5) < 5 * stderr
+    assert abs((bits < 32768).double().mean().item() - 0.5) < 5 * 0.5 / n**0.5
+    assert not torch.equal(_random16_triton(64, 99, 0, DEVICE), _random16_triton(64, 100, 0, DEVICE))
+    assert not torch.equal(_random16_triton(64, 99, 0, DEVICE), _random16_triton(64, 99, 64, DEVICE))
+
+
+def test_public_function_uses_the_bits_random16_gives_on_its_device():
+    """On CUDA the kernel; on the CPU (no interpreter in the optimizer) the formula with a torch generator's bits."""
+    x = _masters(BLOCK + 9)
+    assert torch.equal(stochastic_round(x, 5, 3), stochastic_round_bf16(x, random16(x.numel(), 5, 3, x.device)))
+
+
+def test_refuses_what_it_cannot_round():
+    with pytest.raises(ValueError, match="contiguous 1-D float32"):
+        stochastic_round(torch.zeros(4, 4), 0)
+    with pytest.raises(ValueError, match="contiguous 1-D float32"):
+        stochastic_round(torch.zeros(8, dtype=torch.bfloat16), 0)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 2\*\*32\)"):
+        stochastic_round(torch.zeros(8), 1 << 32)
+
+
+@pytest.mark.gpu
+def test_on_gpu_allocates_only_its_output():
+    """d12's 124M weights round in one launch at the step's memory peak: the float32 result is all it holds
+    (the PyTorch ops it replaced held the random numbers and intermediate patterns too)."""
+    n = 1 << 24
+    x = torch.randn(n, device="cuda")
+    stochastic_round(x, 1, 0)  # compile the kernel before measuring
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    rounded = stochastic_round(x, 2, 0)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - before <= 4 * n
+    assert torch.equal(rounded, stochastic_round_bf16(x, random16(n, 2, 0, "cuda")))
