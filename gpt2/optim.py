@@ -9,6 +9,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from kernels.stochastic_round import stochastic_round
+
 
 def configure_optimizer(
     model: nn.Module,
@@ -50,23 +52,6 @@ def configure_optimizer(
     return adamw(groups, **kwargs)
 
 
-def stochastic_round_bf16(x: torch.Tensor, random16: torch.Tensor) -> torch.Tensor:
-    """float32 `x` rounded to a bfloat16 value (returned as float32), up or down at random, unbiased.
-
-    llm.c's `stochastic_rounding`: the low 16 bits of x's float32 pattern (the part bfloat16 drops) are
-    compared with `random16` (int32, uniform in [0, 65536)); x rounds away from zero, to the next bfloat16,
-    when they exceed it, so with probability low/65536, and towards zero otherwise. The expectation is x.
-    Adding 1 << 16 to the truncated pattern is the step to the next bfloat16, carries into the exponent
-    included.
-    """
-    bits = x.view(torch.int32)
-    round_up = (bits & 0xFFFF) > random16
-    # in place on the truncated pattern: the optimizer rounds 39M-element buckets, and each int32 temporary
-    # there is 155 MB more at the step's memory peak
-    rounded = (bits & ~0xFFFF).add_(round_up, alpha=1 << 16)
-    return rounded.view(torch.float32)
-
-
 class MasterWeightAdamW(torch.optim.AdamW):
     """AdamW on float32 master weights; the parameters the forward pass reads hold them stochastically rounded
     to bfloat16 (still float32 tensors, so every cast to bfloat16 is exact): llm.c's `-w 1`.
@@ -75,74 +60,107 @@ class MasterWeightAdamW(torch.optim.AdamW):
     so round-to-nearest would hide it from the bfloat16 forward for many steps; stochastic rounding passes
     it on in expectation, as llm.c does.
 
-    The masters are `state[p]["master"]` (plain tensors, so they are in `state_dict` and checkpoints).
-    Parameters are written in place, never rebound, so captured graphs keep their addresses. The random
-    bits of step s come from a generator seeded with (rounding_seed, s), the same on every rank, so data-
-    parallel replicas stay equal; under ZeRO-1 each rank rounds the parameters it owns and broadcasts them.
+    The masters are views into one flat float32 buffer, made from the parameters at the first step (llm.c
+    copies them too) or from the masters of a loaded state, and are `state[p]["master"]`, so they are in
+    `state_dict` and checkpoints (whose state is torch's fused AdamW's: step, exp_avg, exp_avg_sq). A step is
+    torch's fused AdamW kernel applied to the masters directly, then the buffer rounded in one kernel
+    (kernels/stochastic_round.py) and copied into the parameters, which are written in place, never rebound,
+    so captured graphs keep their addresses. Little Python runs per step: on a GPU the update is a few
+    milliseconds, which a per-parameter loop over d12's 150 tensors would exceed. Element i of the buffer
+    rounds at step s with the random bits of (hash of rounding_seed and s, i), the same on every rank, so
+    data-parallel replicas stay equal; under ZeRO-1 each rank rounds the parameters it owns and broadcasts them.
     """
 
     def __init__(self, params, rounding_seed: int = 0, **adamw_kwargs):
+        if adamw_kwargs.get("amsgrad") or adamw_kwargs.get("maximize"):
+            raise ValueError("MasterWeightAdamW runs plain AdamW: amsgrad and maximize are not supported")
         super().__init__(params, **adamw_kwargs)
         for group in self.param_groups:  # in the groups, so state_dict carries them and ZeRO-1 syncs them
             group.setdefault("rounding_seed", rounding_seed)
             group.setdefault("rounding_step", 0)
+        self._flat_masters: torch.Tensor | None = None  # every parameter's master, in param_groups order
+        self._views: dict[torch.Tensor, torch.Tensor] = {}  # a parameter's master, a view into _flat_masters
+        self._offsets: dict[torch.Tensor, int] = {}  # a parameter's first element in _flat_masters
+        self._rows: dict[torch.Tensor, torch.Tensor] = {}  # a parameter as one row, the rounding's destination
 
     @torch.no_grad()
     def step(self, closure=None):
-        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self._load_masters(params)
-        loss = super().step(closure)
-        self._store_masters(params)
-        self._round_params(params)
-        return loss
+        if closure is not None:
+            raise ValueError("MasterWeightAdamW.step takes no closure")
+        masters = self._masters()
+        updated = []
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            states = [self._state(p, masters[p]) for p in params]
+            steps = [state["step"] for state in states]
+            torch._foreach_add_(steps, 1)
+            beta1, beta2 = group["betas"]
+            torch._fused_adamw_([masters[p] for p in params], [p.grad for p in params],
+                                [state["exp_avg"] for state in states], [state["exp_avg_sq"] for state in states],
+                                [], steps, lr=group["lr"], beta1=beta1, beta2=beta2,
+                                weight_decay=group["weight_decay"], eps=group["eps"], amsgrad=False, maximize=False)
+            updated += params
+        self._round_params(updated)
 
-    def _load_masters(self, params: list[torch.Tensor]) -> None:
-        """AdamW updates the masters' values; a first step starts from the parameters (llm.c copies them too)."""
-        with_master = [p for p in params if "master" in self.state[p]]
-        if with_master:
-            torch._foreach_copy_(with_master, [self.state[p]["master"] for p in with_master])
+    def _state(self, p: torch.Tensor, master: torch.Tensor) -> dict:
+        """p's AdamW state as torch's fused AdamW keeps it (made at its first update), with its master."""
+        state = self.state[p]
+        if "step" not in state:
+            state.update(step=torch.zeros((), dtype=torch.float32, device=p.device),
+                         exp_avg=torch.zeros_like(master), exp_avg_sq=torch.zeros_like(master))
+        state["master"] = master
+        return state
 
-    def _store_masters(self, params: list[torch.Tensor]) -> None:
-        for p in params:
-            if "master" not in self.state[p]:
-                self.state[p]["master"] = torch.empty_like(p)
-        if params:
-            torch._foreach_copy_([self.state[p]["master"] for p in params], params)
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._views = {}  # the loaded masters are separate tensors: _masters gathers them
+
+    def _masters(self) -> dict[torch.Tensor, torch.Tensor]:
+        """Each parameter's master, a view into _flat_masters; (re)made when there are none yet, or a parameter's
+        state holds a master that is not its view (a state loaded, also by ZeRO-1 writing `state` directly)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        if len(self._views) == len(params) and all(
+                self.state[p].get("master", view) is view for p, view in self._views.items()):
+            return self._views
+        self._flat_masters = torch.cat([self.state[p].get("master", p).detach().reshape(-1) for p in params])
+        self._offsets = dict(zip(params, np.cumsum([0] + [p.numel() for p in params[:-1]]).tolist()))
+        self._views = {p: self._flat_masters[self._offsets[p]:self._offsets[p] + p.numel()].view_as(p)
+                       for p in params}
+        self._rows = {p: p.detach().view(-1) for p in params}
+        for p, view in self._views.items():
+            if "master" in self.state[p]:
+                self.state[p]["master"] = view
+        return self._views
 
     def _round_params(self, params: list[torch.Tensor]) -> None:
         group = self.param_groups[0]
         step = group["rounding_step"]
         for g in self.param_groups:
             g["rounding_step"] = step + 1
-        if not params:
-            return
-        generator = torch.Generator(params[0].device)
-        # hashed to 32 bits: the CPU generator (mt19937) ignores a seed's higher bits
-        generator.manual_seed(int(np.random.SeedSequence([group["rounding_seed"], step]).generate_state(1)[0]))
-        # a few flat buckets rather than one launch sequence per tensor: per tensor, the ~150 tensors of d12
-        # cost ~30 ms a step in kernel launches; a bucket bounds the temporaries to a few times ROUNDING_BUCKET
-        for bucket in _buckets(params, ROUNDING_BUCKET):
-            masters = torch.cat([self.state[p]["master"].reshape(-1) for p in bucket])  # (numel of the bucket,)
-            random16 = torch.randint(0, 1 << 16, masters.shape, generator=generator, device=masters.device,
-                                     dtype=torch.int32)
-            rounded = stochastic_round_bf16(masters, random16).split([p.numel() for p in bucket])
-            torch._foreach_copy_(bucket, [r.view_as(p) for r, p in zip(rounded, bucket)])
+        # hashed to 32 bits (the kernel's Philox key)
+        seed = int(np.random.SeedSequence([group["rounding_seed"], step]).generate_state(1)[0])
+        for start, run in _contiguous_runs(params, self._offsets):
+            rows = [self._rows[p] for p in run]
+            sizes = [row.numel() for row in rows]
+            rounded = stochastic_round(self._flat_masters[start:start + sum(sizes)], seed, start)
+            torch._foreach_copy_(rows, rounded.split(sizes))
 
 
-ROUNDING_BUCKET = 1 << 25  # elements rounded per launch sequence (128 MB of float32)
-
-
-def _buckets(params: list[torch.Tensor], max_numel: int) -> list[list[torch.Tensor]]:
-    """`params` in order, grouped into runs of at most `max_numel` elements (a larger tensor is a run alone)."""
-    buckets: list[list[torch.Tensor]] = [[]]
-    filled = 0
+def _contiguous_runs(params: list[torch.Tensor], offsets: dict[torch.Tensor, int]) -> list[tuple[int, list]]:
+    """`params` (in offset order) as (first offset, parameters) runs that lie back to back in the flat buffer:
+    one run when every parameter has a gradient."""
+    if len(params) == len(offsets):
+        return [(0, params)]
+    runs: list[tuple[int, list]] = []
+    end = None
     for p in params:
-        if buckets[-1] and filled + p.numel() > max_numel:
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(p)
-        filled += p.numel()
-    return buckets
+        if offsets[p] != end:
+            runs.append((offsets[p], []))
+        runs[-1][1].append(p)
+        end = offsets[p] + p.numel()
+    return runs
 
 
 def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:

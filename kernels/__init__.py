@@ -11,6 +11,8 @@ so this package imports and works without Triton or a GPU.
 - `causal_attention`: attention on the packed q/k/v projection; with flash-attn-4 installed, cuDNN's
   forward and FlashAttention-4's backward writing one packed gradient.
 - `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
+- `stochastic_round` (kernels/stochastic_round.py, not a custom op: the optimizer calls it outside any
+  compiled graph): master weights rounded to bfloat16 values in one pass, the random bits drawn inside.
 - `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
   and turn on the optional FA4 backward, GELU-epilogue MLP and scaled-exp classifier where they are
   installed and agree with their references (`configure_attention`, `configure_mlp`,
