@@ -63,12 +63,16 @@ def forward_backward(
 
 
 def _micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int, device: torch.device,
-                dtype: str, autocast_cache: bool = True) -> torch.Tensor:
-    """One micro-batch's forward and backward; returns its loss / grad_accum, detached, in fp32."""
+                dtype: str, autocast_cache: bool = True, gradients: FlatGradients | None = None) -> torch.Tensor:
+    """One micro-batch's forward and backward; returns its loss / grad_accum, detached, in fp32. The gradients
+    are added to the parameters' .grad: by autograd, or with `gradients` in one multi-tensor add."""
     with autocast_context(device, dtype, cache=autocast_cache):
         _, loss = model(x, y, return_logits=False)
     loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
-    loss.backward()
+    if gradients is None:
+        loss.backward()
+    else:
+        gradients.accumulate(torch.autograd.grad(loss, gradients.params, allow_unused=True, materialize_grads=True))
     return loss.detach().float()
 
 
@@ -94,6 +98,12 @@ class FlatGradients:
         self.flat.zero_()
         for p, g in zip(self.params, self.views):
             p.grad = g
+
+    def accumulate(self, grads: Iterable[torch.Tensor]) -> None:
+        """Adds one micro-step's gradients (in `params` order) into the buffer: one multi-tensor add where
+        autograd would launch one kernel per parameter (d12's ~150 took 0.63 ms a micro-step on an H200; the
+        bytes they move take about 0.35 ms at its memory bandwidth). The sums are the same, bit for bit."""
+        torch._foreach_add_(self.views, list(grads))
 
     def average_over_ranks(self) -> None:
         """The mean over the process group's ranks, in place (nothing without a group of several): divided
@@ -133,7 +143,7 @@ class MicroStepGraph:
             self.eager_steps += 1
             # contiguous like the static buffers: a compiled model guards on its inputs' strides
             return _micro_step(self.model, x.contiguous(), y.contiguous(), self.grad_accum, self.device, self.dtype,
-                               autocast_cache=False)
+                               autocast_cache=False, gradients=self.gradients)
         if self.graph is None:
             self._capture(x, y)
         self.static_x.copy_(x, non_blocking=True)
@@ -157,7 +167,7 @@ class MicroStepGraph:
             # no autocast cast cache (it would outlive the capture's memory), as in the warm-up: a compiled
             # model guards on autocast's state
             self.static_loss = _micro_step(self.model, self.static_x, self.static_y, self.grad_accum, self.device,
-                                           self.dtype, autocast_cache=False)
+                                           self.dtype, autocast_cache=False, gradients=self.gradients)
 
 
 def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
