@@ -101,6 +101,24 @@ def test_train_memory_explains_itself_and_refuses_without_a_gpu():
     assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr
 
 
+def test_profile_train_explains_itself_and_refuses_without_a_gpu():
+    """`python -m bench.profile_train --help` says what it reports; without CUDA it stops before training."""
+    shown = subprocess.run([sys.executable, "-m", "bench.profile_train", "--help"], cwd=REPO,
+                           capture_output=True, text=True, check=True)
+    assert "sat idle" in shown.stdout and "--profile-steps" in shown.stdout
+    run = subprocess.run([sys.executable, "-m", "bench.profile_train", "--out", "p.json", "--", "--model", "d12"],
+                         cwd=REPO, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True)
+    assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr
+
+
+def test_profile_train_counts_overlapping_kernels_once():
+    """Busy time is the union of the kernels' intervals: overlapping kernels (streams) count once, gaps not."""
+    from bench.profile_train import union_ms
+
+    assert union_ms([(0, 1000), (500, 1500), (3000, 4000), (3100, 3200)]) == 2.5
+    assert union_ms([]) == 0.0
+
+
 STUB_TRAINERS = f"""#!/usr/bin/env bash
 # a 4-GPU host's python for the bench script: gpt2.train writes the records of a run of 1 GPU at 800 ms a step
 # and of N GPUs at 205 ms; build-nanogpt reads 1000 ms on 1 GPU and 260 on N
