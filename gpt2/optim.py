@@ -74,7 +74,9 @@ class MasterWeightAdamW(torch.optim.AdamW):
     def __init__(self, params, rounding_seed: int = 0, **adamw_kwargs):
         if adamw_kwargs.get("amsgrad") or adamw_kwargs.get("maximize"):
             raise ValueError("MasterWeightAdamW runs plain AdamW: amsgrad and maximize are not supported")
-        super().__init__(params, **adamw_kwargs)
+        # step() calls the fused kernel on every device (CPU included), so the state is kept as fused AdamW keeps
+        # it: a loaded step count goes to its parameter's device
+        super().__init__(params, **{**adamw_kwargs, "fused": True})
         for group in self.param_groups:  # in the groups, so state_dict carries them and ZeRO-1 syncs them
             group.setdefault("rounding_seed", rounding_seed)
             group.setdefault("rounding_step", 0)

@@ -28,7 +28,7 @@ BLOCK = 4096  # elements a program (8 warps)
 
 def stochastic_round(x: torch.Tensor, seed: int, offset: int = 0) -> torch.Tensor:
     """`x` (1-D contiguous float32) stochastically rounded to bfloat16 values, returned as float32; element i
-    rounds with the bits of (seed, offset + i). seed and offset + x.numel() must fit in 32 bits."""
+    rounds with the bits of (seed, offset + i). seed must fit in 32 bits, offset + x.numel() in 63."""
     _check(x.numel(), seed, offset)
     if x.dtype != torch.float32 or x.dim() != 1 or not x.is_contiguous():
         raise ValueError(f"stochastic_round takes a contiguous 1-D float32 tensor, got {x.dtype} "
@@ -65,7 +65,7 @@ def stochastic_round_bf16(x: torch.Tensor, random16: torch.Tensor) -> torch.Tens
 
 @jit
 def _random16(seed, idx):
-    return (tl.randint(seed, idx.to(tl.uint32)) & 0xFFFF).to(tl.int32)
+    return (tl.randint(seed, idx) & 0xFFFF).to(tl.int32)  # idx int64: Philox counts with 64 bits
 
 
 @jit
@@ -98,5 +98,5 @@ def _random16_triton(n: int, seed: int, offset: int, device: torch.device | str)
 
 
 def _check(n: int, seed: int, offset: int) -> None:
-    if not (0 <= seed < 2**32 and 0 <= offset and offset + n <= 2**32):
-        raise ValueError(f"seed {seed} and elements {offset}..{offset + n} must lie in [0, 2**32)")
+    if not (0 <= seed < 2**32 and 0 <= offset and offset + n <= 2**63):
+        raise ValueError(f"seed {seed} must lie in [0, 2**32) and elements {offset}..{offset + n} in [0, 2**63)")

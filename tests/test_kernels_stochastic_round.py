@@ -22,7 +22,8 @@ def _masters(n: int, seed: int = 0) -> torch.Tensor:
     return x.to(DEVICE)
 
 
-@pytest.mark.parametrize("n, offset", [(1, 0), (BLOCK - 1, 0), (BLOCK + 3, 5), (3 * BLOCK + 17, 1 << 20)])
+# offsets past 2**32 too: a model (or an optimizer shard) of more than 4.3 billion weights
+@pytest.mark.parametrize("n, offset", [(1, 0), (BLOCK - 1, 0), (BLOCK + 3, 5), (3 * BLOCK + 17, 1 << 20), (BLOCK, (1 << 32) - 7)])
 def test_kernel_is_the_formula_with_its_bits(n, offset):
     x = _masters(n)
     bits = _random16_triton(n, 1234, offset, DEVICE)
@@ -30,11 +31,13 @@ def test_kernel_is_the_formula_with_its_bits(n, offset):
     assert torch.equal(_round_triton(x, 1234, offset), stochastic_round_bf16(x, bits))
 
 
-def test_pieces_at_their_offsets_equal_the_whole():
+@pytest.mark.parametrize("start", [0, (1 << 32) - BLOCK])  # a piece that crosses 2**32 among them
+def test_pieces_at_their_offsets_equal_the_whole(start):
     n, cut = 2 * BLOCK + 101, BLOCK + 50
     x = _masters(n)
-    whole = _round_triton(x, 7, 0)
-    pieces = torch.cat([_round_triton(x[:cut].contiguous(), 7, 0), _round_triton(x[cut:].contiguous(), 7, cut)])
+    whole = _round_triton(x, 7, start)
+    pieces = torch.cat([_round_triton(x[:cut].contiguous(), 7, start),
+                        _round_triton(x[cut:].contiguous(), 7, start + cut)])
     assert torch.equal(whole, pieces)
 
 
@@ -59,7 +62,7 @@ def test_refuses_what_it_cannot_round():
         stochastic_round(torch.zeros(4, 4), 0)
     with pytest.raises(ValueError, match="contiguous 1-D float32"):
         stochastic_round(torch.zeros(8, dtype=torch.bfloat16), 0)
-    with pytest.raises(ValueError, match=r"must lie in \[0, 2\*\*32\)"):
+    with pytest.raises(ValueError, match=r"seed 4294967296 must lie in \[0, 2\*\*32\)"):
         stochastic_round(torch.zeros(8), 1 << 32)
 
 
