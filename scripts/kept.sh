@@ -47,21 +47,50 @@ kept_users() {
     done
 }
 
+# children_of PID: the pids of PID's child processes, one a line (read from /proc: no procps needed)
+children_of() {
+    local stat line fields
+    for stat in /proc/[0-9]*/stat; do
+        read -r line <"$stat" 2>/dev/null || continue
+        read -ra fields <<<"${line##*) }"  # after the command name, which may hold spaces: state, ppid, ...
+        if [ "${fields[1]}" = "$1" ]; then stat=${stat#/proc/}; echo "${stat%/stat}"; fi
+    done
+}
+
+# alive PID...: succeeds when one of them is still a live process (not a zombie)
+alive() {
+    local pid state
+    for pid in "$@"; do
+        state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || continue
+        [ -n "$state" ] && [ "$state" != Z ] && return 0
+    done
+    return 1
+}
+
 # stop_kept NAME GRACE_S: SIGTERM to NAME's process group (setsid made it its own), SIGKILL after GRACE_S
-# seconds; prints what it did
+# seconds; then its children in groups of their own (the worker's flow-run processes): the worker's death
+# signals them and they stop their training, but one still reporting to a server that does not answer would
+# wait for it, so whatever is left after 20 s more is killed too (its training dies with it: common/lifetime.py).
+# Prints what it did.
 stop_kept() {
-    local pid
+    local pid children child
     if ! pid=$(kept_pid "$1"); then
         echo "[stop] no $1 running"
         rm -f "$KEPT_HOME/$1.pid"
         return 0
     fi
+    children=$(children_of "$pid")  # now: once it is gone, they are someone else's
     kill -TERM -- "-$pid" 2>/dev/null || true
     for _ in $(seq "$2"); do
         kept_pid "$1" >/dev/null || break
         sleep 1
     done
     kill -KILL -- "-$pid" 2>/dev/null || true
+    # shellcheck disable=SC2086  # one pid a word
+    for _ in $(seq 20); do alive $children || break; sleep 1; done
+    for child in $children; do
+        if alive "$child"; then kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true; fi
+    done
     rm -f "$KEPT_HOME/$1.pid"
     echo "[stop] $1 (pid $pid) stopped"
 }
