@@ -64,7 +64,8 @@ def cancel(api_url: str, flow_run_id: UUID, timeout_s: float, say=print) -> str 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.cancel", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m flows.cancel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("flow_run_id", type=UUID, help="the flow run to cancel (its UUID)")
     parser.add_argument("--timeout-s", type=float, default=90.0, metavar="S",
                         help="give up after this many seconds (default 90)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -124,3 +125,27 @@ def test_the_docs_one_host_slurm_block_runs_as_written(clone):
     assert f"export SLURM_CONF={cluster_dir}/slurm.conf" in result.stdout
     assert "gpt2-train/smoke-slurm finished with exit code 0" in result.stdout, output[-4000:]
     assert "Traceback" not in output
+
+
+def test_flows_cancel_says_what_it_needs_and_gives_up_in_time():
+    """`python -m flows.cancel` (run.sh's Ctrl-C): help, a missing server named, and a server that does not
+    answer (a port nothing listens on) reported after --timeout-s with the reason, exit 1, no traceback."""
+    repo = Path(__file__).resolve().parent.parent
+    environment = _environment(free_port())
+
+    def cancel(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "flows.cancel", *args], cwd=repo, env=environment,
+                              capture_output=True, text=True, timeout=60)
+
+    shown = cancel("--help")
+    assert shown.returncode == 0 and "--timeout-s" in shown.stdout and "Cancelling" in shown.stdout, shown.stdout
+    run_id = "2f64c8e0-be87-4f31-8ea3-ee45b3dbceca"
+    no_server = cancel(run_id)
+    assert no_server.returncode == 2 and "set PREFECT_API_URL or pass --api-url" in no_server.stderr
+
+    started = time.monotonic()
+    away = cancel(run_id, "--timeout-s", "3", "--api-url", f"http://127.0.0.1:{free_port()}/api")
+    assert away.returncode == 1, away.stderr
+    assert 3 <= time.monotonic() - started < 30
+    assert re.fullmatch(rf"\[run\] flow run {run_id} did not end within 3 s of the cancel \(the server did not "
+                        r"answer \(.*Connection refused.*\)\)\n", away.stderr), away.stderr
