@@ -3,10 +3,11 @@
 
 The run is set Cancelling through the server's API, as the UI's Cancel button and `prefect flow-run cancel`
 do; the worker then stops the flow-run process, and with it torchrun and the ranks (tasks/launch.py), and
-the run ends Cancelled. Every request has a time limit of its own and a failed one is repeated (a server
-busy or briefly gone), all within `--timeout-s`: the caller gets its answer in bounded time whatever the
-server does. Prints the final state; exits 0 once the run is final, 1 when it did not get there in time
-(run.sh then stops the worker, which takes the flow run's processes with it).
+the run ends Cancelled. Every request has a time limit of its own and one that fails for a reason waiting
+may mend (common.network: refused, timed out, HTTP 5xx) is repeated, all within `--timeout-s`: the caller
+gets its answer in bounded time whatever the server does; any other error (HTTP 404: a run this server does
+not hold) ends it at once, named. Prints the final state; exits 0 once the run is final, 1 when it did not
+get there in time (run.sh then stops the worker, which takes the flow run's processes with it).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import json
 import os
 import sys
 import time
-import urllib.error
 import urllib.request
 from uuid import UUID
+
+from common.network import is_transient_network_error
 
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 REQUEST_TIMEOUT_S = 5.0
@@ -51,12 +53,10 @@ def cancel(api_url: str, flow_run_id: UUID, timeout_s: float, say=print) -> str 
                 asked = answer["status"] == "ACCEPT"
                 if not asked:
                     last = f"the server answered {answer['status']}: {(answer.get('details') or {}).get('reason')}"
-        except urllib.error.HTTPError as e:
-            if e.code == 404:
-                say(f"flow run {flow_run_id} is not on the server at {api_url}")
+        except (OSError, ValueError, KeyError) as e:  # urllib's errors are OSErrors; a reply not the API's
+            if not is_transient_network_error(e):  # e.g. HTTP 404, a run this server does not hold
+                say(f"flow run {flow_run_id} could not be cancelled at {api_url}: {e}")
                 return None
-            last = f"HTTP {e.code} from the server"
-        except (OSError, ValueError, KeyError) as e:  # refused, reset, timed out; a reply cut short
             last = f"the server did not answer ({e})"
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
     say(f"flow run {flow_run_id} did not end within {timeout_s:g} s of the cancel ({last})")

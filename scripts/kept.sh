@@ -11,11 +11,10 @@ KEPT_HOME=${PREFECT_HOME:-$PWD/.prefect}
 # kept_pid NAME: prints the pid of NAME (server or worker) when that process is still a live `prefect`
 # process (not a zombie, not another program that got the pid since); fails otherwise.
 kept_pid() {
-    local file="$KEPT_HOME/$1.pid" pid state
+    local file="$KEPT_HOME/$1.pid" pid
     [ -f "$file" ] || return 1
     pid=$(cat "$file")
-    state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || return 1
-    [ -n "$state" ] && [ "$state" != Z ] || return 1
+    alive "$pid" || return 1
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q prefect || return 1
     echo "$pid"
 }
@@ -47,24 +46,30 @@ kept_users() {
     done
 }
 
-# children_of PID: the pids of PID's child processes, one a line (read from /proc: no procps needed)
-children_of() {
-    local stat line fields
-    for stat in /proc/[0-9]*/stat; do
-        read -r line <"$stat" 2>/dev/null || continue
-        read -ra fields <<<"${line##*) }"  # after the command name, which may hold spaces: state, ppid, ...
-        if [ "${fields[1]}" = "$1" ]; then stat=${stat#/proc/}; echo "${stat%/stat}"; fi
-    done
+# read_stat PID: the fields of /proc/PID/stat after the command name (which may hold spaces) into STAT, so
+# ${STAT[0]} is the state (Z: a zombie) and ${STAT[1]} the parent's pid; fails when there is no such process
+read_stat() {
+    local line
+    read -r line 2>/dev/null <"/proc/$1/stat" || return 1
+    read -ra STAT <<<"${line##*) }"
 }
 
-# alive PID...: succeeds when one of them is still a live process (not a zombie)
+# alive PID...: succeeds when one of them is a live process (not a zombie)
 alive() {
-    local pid state
+    local pid
     for pid in "$@"; do
-        state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1) || continue
-        [ -n "$state" ] && [ "$state" != Z ] && return 0
+        if read_stat "$pid" && [ "${STAT[0]}" != Z ]; then return 0; fi
     done
     return 1
+}
+
+# children_of PID: the pids of PID's child processes, one a line
+children_of() {
+    local stat pid
+    for stat in /proc/[0-9]*/stat; do
+        pid=${stat#/proc/}; pid=${pid%/stat}
+        if read_stat "$pid" && [ "${STAT[1]}" = "$1" ]; then echo "$pid"; fi
+    done
 }
 
 # stop_kept NAME GRACE_S: SIGTERM to NAME's process group (setsid made it its own), SIGKILL after GRACE_S

@@ -8,10 +8,13 @@ free port of its own.
 
 from __future__ import annotations
 
+import http.server
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,14 +131,16 @@ def test_the_docs_one_host_slurm_block_runs_as_written(clone):
 
 
 def test_flows_cancel_says_what_it_needs_and_gives_up_in_time():
-    """`python -m flows.cancel` (run.sh's Ctrl-C): help, a missing server named, and a server that does not
-    answer (a port nothing listens on) reported after --timeout-s with the reason, exit 1, no traceback."""
+    """`python -m flows.cancel` (run.sh's Ctrl-C): help, a missing server named; a server that does not answer
+    (a port nothing listens on) reported after --timeout-s with the reason, exit 1, no traceback; an answer
+    waiting will not change (HTTP 404) reported at once; a second Ctrl-C stops the waiting."""
     repo = Path(__file__).resolve().parent.parent
     environment = _environment(free_port())
+    command = [sys.executable, "-m", "flows.cancel"]
 
     def cancel(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "flows.cancel", *args], cwd=repo, env=environment,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run([*command, *args], cwd=repo, env=environment, capture_output=True, text=True,
+                              timeout=60)
 
     shown = cancel("--help")
     assert shown.returncode == 0 and "--timeout-s" in shown.stdout and "Cancelling" in shown.stdout, shown.stdout
@@ -149,3 +154,24 @@ def test_flows_cancel_says_what_it_needs_and_gives_up_in_time():
     assert 3 <= time.monotonic() - started < 30
     assert re.fullmatch(rf"\[run\] flow run {run_id} did not end within 3 s of the cancel \(the server did not "
                         r"answer \(.*Connection refused.*\)\)\n", away.stderr), away.stderr
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802  (the name http.server calls)
+            self.send_error(404)
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        started = time.monotonic()
+        unknown = cancel(run_id, "--timeout-s", "30", "--api-url", f"http://127.0.0.1:{server.server_port}/api")
+        server.shutdown()
+    assert unknown.returncode == 1 and time.monotonic() - started < 10, unknown.stderr
+    assert re.fullmatch(rf"\[run\] flow run {run_id} could not be cancelled at http://127\.0\.0\.1:\d+/api: "
+                        r"HTTP Error 404: Not Found\n", unknown.stderr), unknown.stderr
+
+    waiting = subprocess.Popen([*command, run_id, "--api-url", f"http://127.0.0.1:{free_port()}/api"], cwd=repo,
+                               env=environment, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(5)  # started (imports done) and waiting
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(timeout=10) == 130
+    assert waiting.stderr.read() == f"[run] not waiting for flow run {run_id} to end\n"
