@@ -483,6 +483,8 @@ def _fetch_attempt(url: str, partial: Path, file: HubFile) -> None:
         partial.unlink()
     with open(partial, "r+b" if partial.exists() else "wb") as f:
         f.seek(0, os.SEEK_END)
+        # expected_size: a partial file that is already whole (killed before its check) is not requested again;
+        # a range from its end would be refused with a 416
         http_get(url, f, resume_size=f.tell(), headers=build_hf_headers(), expected_size=file.size,
                  displayed_filename=file.path)
 
