@@ -174,6 +174,7 @@ def test_a_download_killed_at_a_random_byte_resumes_fetching_only_the_missing_by
     try:
         files = repo_files(replica, main)
         large = max(files, key=lambda p: len(files[p]))
+        large_index = list(files).index(large)
         cut = random.Random(os.getpid()).randrange(11 << 20, len(files[large]) - (1 << 20))
         replica.inject("stall", large, after_bytes=cut, delay_s=600)
         out = tmp_path / "raw"
@@ -182,7 +183,7 @@ def test_a_download_killed_at_a_random_byte_resumes_fetching_only_the_missing_by
         assert wait_for(lambda: replica.bytes_served[large] >= cut, 120), "the download never reached the cut"
         wait_for(lambda: all(replica.bytes_served[p] == len(b) for p, b in files.items() if p != large), 60)
         # Bytes the replica sent may still sit in socket buffers: kill once the client has written some to disk.
-        assert wait_for(lambda: on_disk(out, list(files).index(large)) >= 10 << 20, 120), f"{large}: no 10 MB on disk after the cut"
+        assert wait_for(lambda: on_disk(out, large_index) >= 10 << 20, 120), f"{large}: no 10 MB on disk"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         kept = sum(f.stat().st_size for f in out.rglob("*") if f.is_file() and not f.name.endswith(".json"))
@@ -197,7 +198,6 @@ def test_a_download_killed_at_a_random_byte_resumes_fetching_only_the_missing_by
 
 
 def test_a_download_killed_after_a_files_last_byte_checks_it_without_fetching_it_again(hub, tmp_path):
-    files = repo_files(hub, hub.main)
     out = tmp_path / "raw"
     run_download(hub, tmp_path, out)
     done = out / "part_00001.parquet"  # killed between its last byte's write and its check: the partial is whole
