@@ -242,7 +242,7 @@ def test_train_resume_with_master_weights_is_exact(tmp_path):
 
 
 REPLICA_SCRIPT = """
-import copy, json, os, sys
+import copy, json, sys
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -250,8 +250,9 @@ from gpt2.config import GPTConfig
 from gpt2.distributed import setup, teardown
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, full_state_dict
+from tests.fixtures.train.threads import baseline_thread_count, thread_count
 
-threads_before = len(os.listdir("/proc/self/task"))
+threads_before = baseline_thread_count()
 setup("cpu")  # as gpt2.train starts and ends its process group
 rank, zero1 = dist.get_rank(), sys.argv[2] == "zero1"
 
@@ -292,7 +293,7 @@ def main():  # in a function, as gpt2.train: nothing that holds the process grou
 main()
 teardown()  # joins the group's gloo threads: one left running may be killed mid-destructor at exit
 with open(f"{sys.argv[1]}/rank{rank}.threads", "w") as f:
-    f.write(str(len(os.listdir("/proc/self/task")) - threads_before))
+    f.write(str(thread_count() - threads_before))
 """
 
 

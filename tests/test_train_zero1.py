@@ -67,13 +67,14 @@ def test_zero1_trains_like_ddp_and_resumes_exactly(tmp_path):
 
 
 SHARD_SCRIPT = """
-import json, os, sys
+import json, sys
 import torch
 import torch.distributed as dist
 from gpt2.config import GPTConfig
 from gpt2.distributed import setup, teardown
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
+from tests.fixtures.train.threads import baseline_thread_count, thread_count
 
 
 def held_state():
@@ -86,13 +87,13 @@ def held_state():
     return {"held": held, "params": model.num_parameters()}
 
 
-threads_before = len(os.listdir("/proc/self/task"))
+threads_before = baseline_thread_count()
 setup("cpu")
 rank = dist.get_rank()
 state = held_state()
 teardown()  # as gpt2.train ends: the optimizer and model (which hold the group) are gone first
 # the group's gloo threads are joined by teardown: one left running may be killed mid-destructor at exit
-state["threads_left"] = len(os.listdir("/proc/self/task")) - threads_before
+state["threads_left"] = thread_count() - threads_before
 with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
     json.dump(state, f)
 """
