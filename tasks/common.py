@@ -33,21 +33,22 @@ def python_module(module: str, args: list[str]) -> list[str]:
 
 
 class ReadInput(Protocol):
-    """A stage's output another stage reads (ShardsRecord, EvalFileRecord)."""
+    """A stage's output another stage reads (DocumentsRecord, ShardsRecord, EvalFileRecord)."""
 
     @property
-    def folder(self) -> Path:  # the folder the stage that made it writes under its lock
+    def folder(self) -> Path | None:  # the folder the stage that made it writes under its lock; None: no stage does
         ...
 
 
 @contextlib.contextmanager
 def reading(*inputs: ReadInput | None) -> Iterator[None]:
-    """Hold the read lock (common.locks.folder_read_lock) of each input's folder (another stage's output: shards,
-    HellaSwag file; None for an input not given) while a stage reads it: a rerun of the stage that writes it
-    waits until the reading is done, logging who reads; a writer holding one is waited for, and the wait is
-    logged."""
+    """Hold the read lock (common.locks.folder_read_lock) of each input's folder (another stage's output:
+    downloaded documents, shards, HellaSwag file; None for an input not given) while a stage reads it: a rerun of
+    the stage that writes it waits until the reading is done, logging who reads; a writer holding one is waited
+    for, and the wait is logged. An input no stage writes (a local corpus) is read without a lock."""
     with contextlib.ExitStack() as held:
-        for folder in dict.fromkeys(i.folder for i in inputs if i is not None):  # each once, in the order given
+        folders = (i.folder for i in inputs if i is not None)
+        for folder in dict.fromkeys(f for f in folders if f is not None):  # each once, in the order given
             held.enter_context(folder_read_lock(folder, on_wait=get_run_logger().warning))
         yield
 

@@ -26,6 +26,13 @@ class DocumentsRecord(StageRecord):
     identity: str  # canonical JSON: a local corpus's file bytes, or hub id, config, commit and each file's sha256
     num_documents: int
 
+    @property
+    def folder(self) -> Path | None:
+        """What the tokenize stage holds the read lock of while it reads the documents (tasks.common.reading):
+        the folder this stage downloads into under its writer lock; None for a local corpus, which no stage
+        writes."""
+        return Path(self.path) if "hub" in json.loads(self.identity) else None
+
     def problem(self) -> str | None:
         """The files' content (StageRecord), and for a local corpus also its file list: a file added to the
         folder changes the documents without changing any recorded file."""

@@ -10,7 +10,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key, writing
+from tasks.common import artifact_key, reading, writing
 from tasks.download import DocumentsRecord, progress_reporter
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -67,7 +67,7 @@ def tokenize(
     total = documents.num_documents if limit is None else min(limit, documents.num_documents)
     report = progress_reporter(artifact_key("tokenize-progress", name), f"documents tokenized into {out_dir}")
     source = {**json.loads(documents.identity), "limit": limit}
-    with writing(out_dir):
+    with reading(documents), writing(out_dir):  # a download rerun waits until the documents are read
         build_shards(iter_documents(documents.path, limit=limit), Path(out_dir), name, shard_size=shard_size,
                      num_workers=num_workers, source=source, replace=True,
                      progress=lambda done: report(done / total if total else 1.0), source_name=documents.source)
