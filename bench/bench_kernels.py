@@ -24,6 +24,7 @@ from kernels import cross_entropy
 from kernels.attention import BACKENDS
 from kernels.cross_entropy import linear_cross_entropy
 from kernels.layernorm import add_layernorm
+from kernels.linear import with_ones_column
 
 
 @dataclass
@@ -302,7 +303,8 @@ def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
 
     C = cfg.n_embd
     g = torch.Generator(device="cuda").manual_seed(4)
-    h = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    # laid out as add_layernorm writes it for the fused path: c_fc's bias gradient comes from its ones column
+    h = with_ones_column(torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)).requires_grad_()
     dy = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
     w_fc, b_fc, w_proj = ((0.02 * torch.randn(*s, device="cuda", generator=g)).requires_grad_()  # leaves
                           for s in ((4 * C, C), (4 * C,), (C, 4 * C)))
@@ -351,7 +353,7 @@ def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[Kerne
                       for s in ((C, 4 * C), (C, 4 * C)))
     b_fc = torch.zeros(4 * C, device="cuda", dtype=torch.bfloat16)
     pre, _ = quack.gemm_act(h, w_fc_t, bias=b_fc, activation=mlp.GELU, tuned=False)
-    dgelu_out = {"D": torch.empty_like(pre), "postact": torch.empty_like(pre)}
+    dpre, post = torch.empty_like(pre), torch.empty_like(pre)
     floor = _floor_ms(2 * N * C * 4 * C, 0, ceil)
     rows = []
     for tile_m, tile_n, pingpong in QUACK_SM90_TILES:
@@ -360,9 +362,12 @@ def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[Kerne
                                 cluster_n=cluster_n, is_dynamic_persistent=False, device_capacity=9)
             name = f"{tile_m}x{tile_n} {'ping-pong' if pingpong else 'cooperative'}, cluster {cluster_m}x{cluster_n}"
             act = lambda config=config: quack.gemm_act(h, w_fc_t, bias=b_fc, activation=mlp.GELU, config=config)
-            dgelu = lambda config=config: quack.dgelu_dbias(dy, w_proj, pre, out=dgelu_out, config=config,
-                                                                 dynamic_scheduler=True)
-            for op, fn in (("c_fc fwd + GELU (gemm_act)", act), ("c_proj dX + GELU bwd + c_fc dbias", dgelu)):
+            dgelu = lambda config=config: quack.dgelu(dy, w_proj, pre, out={"D": dpre, "postact": post}, config=config,
+                                                      dynamic_scheduler=True)
+            dgelu_kept = lambda config=config: quack.dgelu_no_post(dy, w_proj, pre, out={"D": dpre}, config=config,
+                                                                   dynamic_scheduler=True)
+            for op, fn in (("c_fc fwd + GELU (gemm_act)", act), ("c_proj dX + GELU bwd, post rebuilt", dgelu),
+                           ("c_proj dX + GELU bwd, post kept", dgelu_kept)):
                 try:
                     rows.append(KernelTiming(op, name, *timed(fn), floor))
                 except Exception as e:  # noqa: BLE001 - some tile shapes do not fit; the sweep goes on

@@ -66,6 +66,7 @@ from gpt2.train_config import TrainConfig
 from kernels import configure_kernels, linear_cross_entropy
 from kernels.attention import enable_all_sdpa_backends
 from kernels.layernorm import add_layernorm_reference
+from kernels.linear import with_ones_column
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,11 @@ VARIANTS = {
 }
 
 
-def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None, y_bias=None):
+def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None, y_bias=None, ones_column=False):
     """kernels.add_layernorm's signature over its plain formula, which torch.compile then fuses itself."""
     residual, out = add_layernorm_reference(x, y, weight, bias, eps, y_bias)
-    return residual, out.to(out_dtype or x.dtype)
+    out = out.to(out_dtype or x.dtype)
+    return residual, with_ones_column(out) if ones_column else out
 
 
 def separate_add_dw(dw, dlogits, xc):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
-from kernels import add_layernorm, causal_attention, fused_mlp, linear_cross_entropy
+from kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy
 from kernels.attention import packed_attention_enabled
 from kernels.compile import register_inductor_fallbacks
 from kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
@@ -58,8 +58,9 @@ class CausalSelfAttention(nn.Module):
 
     def fused_branch(self, x: torch.Tensor, packed_attention: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path's branch as `project` returns it: with packed_attention, kernels.causal_attention
-        (cuDNN forward, FA4 backward into one packed gradient); else SDPA."""
-        qkv = self.c_attn(x)  # (B, T, 3C)
+        (cuDNN forward, FA4 backward into one packed gradient); else SDPA. x carries a column of ones
+        (kernels/linear.py), from which c_attn's bias gradient comes."""
+        qkv = self.c_attn(x) if swapped(self.c_attn) else biased_linear(x, self.c_attn.weight, self.c_attn.bias)
         y = causal_attention(qkv, self.n_head) if packed_attention else sdpa_attention(qkv, self.n_head)
         return project(self.c_proj, y)  # (B, T, C)
 
@@ -192,7 +193,9 @@ class GPT(nn.Module):
         Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
         activation dtype (bf16 under autocast; custom ops do not see autocast, so it is passed
         explicitly), and each branch's c_proj bias is added inside add_layernorm, whose backward
-        then gives its gradient (`project`). x (B, T, C) is the embedding sum; returns ln_f's output.
+        then gives its gradient (`project`). The LayerNorms before c_attn and c_fc write their output with a
+        column of ones beside it, from which those layers' bias gradients come (kernels/linear.py).
+        x (B, T, C) is the embedding sum; returns ln_f's output.
         """
         device = x.device.type
         act_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
@@ -205,13 +208,15 @@ class GPT(nn.Module):
         B, T, C = x.size()
         # the first MLPs keep the GELU's output for backward, as far as the configured memory budget goes
         keeping_post = layers_keeping_post(len(blocks), B * T, 4 * C, act_dtype)
-        residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype)
+        residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype,
+                                    ones_column=True)
         for i, (block, ln) in enumerate(zip(blocks, next_ln)):
             y, y_bias = block.attn.fused_branch(h, packed_attention)
             residual, h = add_layernorm(residual, y, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps,
-                                        act_dtype, y_bias=y_bias)
+                                        act_dtype, y_bias=y_bias, ones_column=True)
             y, y_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post)
-            residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, y_bias=y_bias)
+            residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, y_bias=y_bias,
+                                        ones_column=ln is not self.transformer.ln_f)  # ln_f: the classifier's
         return h
 
     def _check_input(self, idx: torch.Tensor, targets: torch.Tensor | None) -> None:

@@ -11,6 +11,9 @@ so this package imports and works without Triton or a GPU.
 - `causal_attention`: attention on the packed q/k/v projection; with flash-attn-4 installed, cuDNN's
   forward and FlashAttention-4's backward writing one packed gradient.
 - `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
+- `biased_linear` (c_attn): a linear layer whose bias gradient comes out of its weight-gradient GEMM,
+  through a column of ones that `add_layernorm(..., ones_column=True)` writes beside its output; fused_mlp
+  takes c_fc's bias gradient the same way (kernels/linear.py).
 - `stochastic_round` (kernels/stochastic_round.py, not a custom op: the optimizer calls it outside any
   compiled graph): master weights rounded to bfloat16 values in one pass, the random bits drawn inside.
 - `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
@@ -24,6 +27,7 @@ import torch
 from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
 from kernels.cross_entropy import configure_classifier, linear_cross_entropy, linear_cross_entropy_reference
 from kernels.layernorm import add_layernorm, add_layernorm_reference
+from kernels.linear import biased_linear, with_ones_column
 from kernels.mlp import configure_mlp, fused_mlp
 
 
@@ -44,6 +48,7 @@ def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bf
 __all__ = [
     "add_layernorm",
     "add_layernorm_reference",
+    "biased_linear",
     "causal_attention",
     "configure_classifier",
     "configure_attention",
@@ -53,4 +58,5 @@ __all__ = [
     "fused_mlp",
     "linear_cross_entropy",
     "linear_cross_entropy_reference",
+    "with_ones_column",
 ]

@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-# registered when kernels/__init__.py imported kernels.attention, .mlp, .cross_entropy and .layernorm, which
+# registered when kernels/__init__.py imported kernels.attention, .mlp, .cross_entropy, .layernorm and .linear, which
 # Python does before it runs this submodule
 _OPS = (
     torch.ops.gpt2_kernels.linear_cross_entropy.default,
@@ -28,6 +28,8 @@ _OPS = (
     torch.ops.gpt2_kernels.attention_bwd.default,
     torch.ops.gpt2_kernels.mlp_fwd.default,
     torch.ops.gpt2_kernels.mlp_bwd.default,
+    torch.ops.gpt2_kernels.biased_linear.default,
+    torch.ops.gpt2_kernels.biased_linear_bwd.default,
 )
 
 

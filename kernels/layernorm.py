@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import jit, next_power_of_2, num_sms, tl, use_triton
+from kernels.linear import EXACT_STRIDES, ONES_COLUMNS, empty_with_ones_column, padded_width
 
 
 @jit
@@ -38,10 +39,13 @@ def _add_layernorm_fwd_kernel(
     res_ptr, out_ptr, copy_ptr,  # residual, out, and (WRITE_COPY) the residual in out's dtype (N, C)
     mean_ptr, rstd_ptr,  # (N,) fp32
     eps,
+    out_row_stride,  # C, or with ONES_COLUMN the padded row (kernels.linear.padded_width)
     C: tl.constexpr,
     HAS_Y: tl.constexpr,
     HAS_Y_BIAS: tl.constexpr,
     WRITE_COPY: tl.constexpr,
+    ONES_COLUMN: tl.constexpr,  # out's row continues with a one and then zeros (kernels/linear.py)
+    N_ONES_COLUMNS: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -65,7 +69,11 @@ def _add_layernorm_fwd_kernel(
     rstd = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / C + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, (d * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+    out_row = out_ptr + row * out_row_stride
+    tl.store(out_row + cols, (d * rstd * w + b).to(out_ptr.dtype.element_ty), mask=mask)
+    if ONES_COLUMN:
+        pad = tl.arange(0, N_ONES_COLUMNS)
+        tl.store(out_row + C + pad, tl.where(pad == 0, 1.0, 0.0).to(out_ptr.dtype.element_ty))
     tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
 
@@ -174,7 +182,7 @@ def _writes_dy(x_dtype: torch.dtype, y_dtype: torch.dtype | None) -> bool:
     return y_dtype is not None and y_dtype != x_dtype
 
 
-@torch.library.custom_op("gpt2_kernels::add_layernorm_fwd", mutates_args=())
+@torch.library.custom_op("gpt2_kernels::add_layernorm_fwd", mutates_args=(), tags=EXACT_STRIDES)
 def _add_layernorm_fwd(
     x: torch.Tensor,  # (N, C)
     y: torch.Tensor | None,  # (N, C) or None
@@ -183,8 +191,12 @@ def _add_layernorm_fwd(
     bias: torch.Tensor,  # (C,)
     eps: float,
     out_dtype: torch.dtype,
+    ones_column: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (residual (N, C) in x's dtype, out (N, C) out_dtype, copy, mean (N,) fp32, rstd (N,) fp32).
+
+    With `ones_column`, out's rows lie in wider rows that continue with a column of ones
+    (kernels/linear.py), for the biased linear layer that reads out.
 
     `copy` is the residual rounded to out_dtype when x's dtype differs (what backward then reads),
     else empty: backward reads the residual itself (a custom op's outputs may not alias, so the
@@ -198,25 +210,28 @@ def _add_layernorm_fwd(
         residual = (x.float() + branch).to(x.dtype)  # a new tensor even without y: outputs may not alias inputs
         out, mean, rstd = torch.native_layer_norm(residual.float(), (C,), weight.float(), bias.float(), eps)
         copy = residual.to(out_dtype) if write_copy else x.new_empty(0)
+        if ones_column:
+            out = empty_with_ones_column(N, C, out_dtype, x.device).copy_(out)
         return residual, out.to(out_dtype), copy, mean.view(N), rstd.view(N)
     residual = torch.empty_like(x)
-    out = torch.empty(N, C, dtype=out_dtype, device=x.device)
+    out_row_stride = padded_width(C) if ones_column else C
+    out = torch.empty(N, out_row_stride, dtype=out_dtype, device=x.device)[:, :C]
     copy = torch.empty_like(out) if write_copy else x.new_empty(0)
     mean = torch.empty(N, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     _add_layernorm_fwd_kernel[(N,)](
         x, y if y is not None else x, y_bias if y_bias is not None else weight, weight, bias,
-        residual, out, copy if write_copy else out, mean, rstd, eps,
+        residual, out, copy if write_copy else out, mean, rstd, eps, out_row_stride,
         C=C, HAS_Y=y is not None, HAS_Y_BIAS=y_bias is not None, WRITE_COPY=write_copy,
-        BLOCK_C=next_power_of_2(C), num_warps=4,
+        ONES_COLUMN=ones_column, N_ONES_COLUMNS=ONES_COLUMNS, BLOCK_C=next_power_of_2(C), num_warps=4,
     )
     return residual, out, copy, mean, rstd
 
 
 @_add_layernorm_fwd.register_fake
-def _(x, y, y_bias, weight, bias, eps, out_dtype):
+def _(x, y, y_bias, weight, bias, eps, out_dtype, ones_column):
     N, C = x.shape
-    out = x.new_empty(N, C, dtype=out_dtype)
+    out = x.new_empty_strided((N, C), (padded_width(C) if ones_column else C, 1), dtype=out_dtype)
     copy = torch.empty_like(out) if _writes_copy(x.dtype, out_dtype) else x.new_empty(0)
     mean = x.new_empty(N, dtype=torch.float32)
     return torch.empty_like(x), out, copy, mean, torch.empty_like(mean)
@@ -285,7 +300,7 @@ def _(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias):
 
 
 def _setup_context(ctx, inputs, output):
-    x, y, y_bias, weight, _, _, out_dtype = inputs
+    x, y, y_bias, weight, _, _, out_dtype, _ = inputs
     residual, _, copy, mean, rstd = output
     # the residual in out's dtype: with a bf16 copy, the fp32 residual is freed once the next add has read it
     ctx.save_for_backward(copy if _writes_copy(x.dtype, out_dtype) else residual, weight, mean, rstd)
@@ -304,7 +319,7 @@ def _backward(ctx, dres, dout, _dcopy, _dmean, _drstd):
     elif not _writes_dy(ctx.x_dtype, ctx.y_dtype):
         dy = dx  # d(x + y) is one tensor for both (autograd formulas, unlike ops, may return it twice)
     dy_bias = dparams[2].to(ctx.y_bias_dtype) if has_y_bias else None
-    return dx, dy, dy_bias, dparams[0], dparams[1], None, None
+    return dx, dy, dy_bias, dparams[0], dparams[1], None, None, None
 
 
 _add_layernorm_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -318,6 +333,7 @@ def add_layernorm(
     eps: float = 1e-5,
     out_dtype: torch.dtype | None = None,
     y_bias: torch.Tensor | None = None,
+    ones_column: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + (y + y_bias), LayerNorm of it) over the last dim; y=None normalises x alone (the residual
     is then a copy).
@@ -325,7 +341,9 @@ def add_layernorm(
     x (..., C) is the residual stream, whose dtype the sum keeps (fp32, or bf16 as the fused model
     runs it); `out_dtype` (default x's) is the dtype of the normalised output, e.g. bf16 under
     autocast, which custom ops do not see. `y_bias` (C,) is the bias of the matmul that made y, left
-    out of that matmul so that its gradient comes from this op's backward.
+    out of that matmul so that its gradient comes from this op's backward. `ones_column` lays the
+    normalised output out for a biased linear layer of kernels/linear.py to read, which then takes its bias
+    gradient from its weight-gradient GEMM.
     """
     C = x.size(-1)
     if weight.shape != (C,) or bias.shape != (C,):
@@ -336,7 +354,8 @@ def add_layernorm(
         raise ValueError(f"y_bias must be ({C},) and come with y, got {tuple(y_bias.shape)} with y "
                          f"{'None' if y is None else tuple(y.shape)}")
     y2 = y.reshape(-1, C) if y is not None else None  # (N, C)
-    residual, out, _, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, y_bias, weight, bias, eps, out_dtype or x.dtype)
+    residual, out, _, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, y_bias, weight, bias, eps, out_dtype or x.dtype,
+                                                ones_column)
     return residual.view(x.shape), out.view(x.shape)
 
 

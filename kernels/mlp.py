@@ -2,16 +2,17 @@
 
     forward:   pre, post = h @ W_fcᵀ + b_fc, gelu(pre)      one GEMM writes both (quack gemm_act)
                y = post @ W_projᵀ (+ b_proj)                cuBLAS
-    backward:  dpre, post, db_fc = (dy @ W_proj) ∘ gelu'(pre), gelu(pre), Σ_rows dpre
-                                                           one GEMM, reading pre in its epilogue and
-                                                           summing dpre's columns there (dgelu_dbias);
-                                                           with post kept, it writes dpre alone
-               dW_proj = dyᵀ post;  dW_fc = dpreᵀ h;  dh = dpre W_fc     cuBLAS, weight grads out in fp32
+    backward:  dpre, post = (dy @ W_proj) ∘ gelu'(pre), gelu(pre)   one GEMM, reading pre in its epilogue
+                                                           (dgelu); with post kept, it writes dpre alone
+               dW_proj = dyᵀ post;  [dW_fc | db_fc] = dpreᵀ [h | 1];  dh = dpre W_fc
+                                                           cuBLAS, weight grads out in fp32
 
 Inductor runs the GELU as separate passes over the (B·T, 4C) activations: forward reads pre and writes
 post, backward writes dpost from the matmul and reads it back with pre. Inside the GEMMs those passes
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
-docs/benchmarks.md), and so does the c_fc bias gradient's column-sum pass. pre is kept for backward;
+docs/benchmarks.md). The c_fc bias gradient comes out of the dW_fc GEMM: h arrives from add_layernorm with
+a column of ones (kernels/linear.py), cheaper than a column sum in the backward GEMM's epilogue (0.07-0.11 ms
+a call at d12 on an H100, against 0.03 for the wider dW_fc GEMM). pre is kept for backward;
 post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
 with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`, within the
 budget configure_mlp is given: gpt2.train's `keep_mlp_post_gb`, 2.5 GB by default).
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
+from kernels.linear import EXACT_STRIDES, augmented, in_dtype, matmul_out, weight_and_bias_grads, with_ones_column
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -46,9 +48,9 @@ _kept_post_bytes = 0.0
 
 class QuackGemms(NamedTuple):
     gemm_act: Callable  # quack.gemm_interface.gemm_act
-    dgelu_dbias: Callable  # quack.epilogue.library.dgelu_dbias_mod: D = dpre, postact = gelu(pre), dbias
-    dgelu_dbias_no_post: Callable  # the same without postact: D = dpre, dbias
-    dgelu_dbias_config: object  # the quack.gemm_config.GemmConfig both are pinned to
+    dgelu: Callable  # quack.epilogue.library.dgelu_mod: D = dpre, postact = gelu(pre)
+    dgelu_no_post: Callable  # the same without postact: D = dpre
+    dgelu_config: object  # the quack.gemm_config.GemmConfig both are pinned to
 
 
 @functools.cache
@@ -59,22 +61,23 @@ def _load_quack() -> QuackGemms | None:
         return None
     from quack.activation import dgelu_tanh_approx
     from quack.epilogue.frontend import gemm_epilogue
-    from quack.epilogue.library import dgelu_dbias_mod
-    from quack.epilogue.ops import RowVecReduce
+    from quack.epilogue.library import dgelu_mod
     from quack.gemm_config import GemmConfig
     from quack.gemm_interface import gemm_act
 
-    @gemm_epilogue(reduces={"dbias": RowVecReduce("dbias")})
-    def dgelu_dbias_no_post(acc, c):  # dgelu_dbias_mod less its postact store: c is pre, acc is dpost
+    @gemm_epilogue()
+    def dgelu_no_post(acc, c):  # dgelu_mod less its postact store: c is pre, acc is dpost
         dx, _ = dgelu_tanh_approx(c, acc)
-        return {"D": dx, "dbias": dx}
+        return {"D": dx}
 
-    # quack's autotuner takes minutes at these shapes. bench_kernels.py's sweep (bench_mlp_gemm_configs) at
-    # d12's shape on an H100 (2026-11-23): for the backward GEMM 128 x 128 ping-pong, cluster 1 x 2 was the
-    # fastest (0.76 ms against 0.82 for quack's untuned default, 128 x 192 cluster 2 x 1); for gemm_act the
-    # default was within noise of the best, so it keeps it. A config is valid at any shape.
-    return QuackGemms(gemm_act, dgelu_dbias_mod, dgelu_dbias_no_post, dgelu_dbias_config=GemmConfig(
-        tile_m=128, tile_n=128, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False,
+    # quack's autotuner takes minutes at these shapes. Measured at d12's shape on an H100 (2026-11-27, one call;
+    # bench_kernels.py's bench_mlp_gemm_configs sweeps them all): for the backward GEMM, 128 x 192 ping-pong,
+    # cluster 1 x 2 was the fastest of five, 0.69 ms with postact and 0.64 without, against 0.75 and 0.68 for
+    # 128 x 128 cluster 1 x 2 (the best while the epilogue also summed dbias) and 0.73 and 0.67 for quack's
+    # untuned default (128 x 192, cluster 2 x 1); for gemm_act the default was within noise of the best
+    # (2026-11-23), so it keeps it. A config is valid at any shape.
+    return QuackGemms(gemm_act, dgelu_mod, dgelu_no_post, dgelu_config=GemmConfig(
+        tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False,
         device_capacity=9))
 
 
@@ -92,8 +95,9 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     dy = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
     w_fc, b_fc, w_proj = (0.02 * torch.randn(*s, device=device, generator=g)
                           for s in ((4 * n_embd, n_embd), (4 * n_embd,), (n_embd, 4 * n_embd)))
+    h = with_ones_column(h)
     ref_y, ref_pre, _ = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, None)
-    ref_grads = mlp_reference_bwd(dy.float(), h.float(), ref_pre, ref_pre.new_empty(0), w_fc, w_proj, False)
+    ref_grads = mlp_reference_bwd(dy.float(), h, ref_pre, ref_pre.new_empty(0), w_fc, w_proj, False)
     pairs = []
     for keep_post in (False, True) if keep_post_bytes else (False,):  # post rebuilt, and kept where configured
         y, pre, post = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype, keep_post)
@@ -122,6 +126,7 @@ def layers_keeping_post(n_layer: int, rows: int, hidden: int, act_dtype: torch.d
 def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
         b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool = False) -> torch.Tensor:
     """h (..., C) -> c_proj(gelu(c_fc(h))) (..., C) in act_dtype; b_proj=None leaves c_proj's bias out.
+    h carries a column of ones (kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
 
     The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
     do not see autocast), and their gradients come back in fp32. `keep_post` keeps the GELU's output for
@@ -131,12 +136,13 @@ def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: t
     return y.view(h.shape)
 
 
-@torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=())
+@torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
              b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, and with keep_post its output post (N, 4C),
-    else an empty tensor), all in act_dtype; pre and post are for backward."""
+    else an empty tensor), all in act_dtype; pre and post are for backward. h carries the ones column."""
+    augmented(h)  # fail here, not in backward, on an input without the column
     h, w_fc, b_fc, w_proj = (t.to(act_dtype) for t in (h, w_fc, b_fc, w_proj))
     b_proj = b_proj.to(act_dtype) if b_proj is not None else None
     if not h.is_cuda:
@@ -155,7 +161,7 @@ def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post):
     return h.new_empty(N, C, dtype=act_dtype), hidden, torch.empty_like(hidden) if keep_post else hidden.new_empty(0)
 
 
-@torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=())
+@torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.Tensor, w_fc: torch.Tensor,
              w_proj: torch.Tensor, has_proj_bias: bool
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,15 +171,15 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
     if not dy.is_cuda:
         return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias)
     quack = _load_quack()
-    w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), h.to(dtype)
-    if post.numel():  # (N, 4C), (4C,)
-        out = quack.dgelu_dbias_no_post(dy, w_proj_c, pre, out={"D": torch.empty_like(pre)},
-                                        config=quack.dgelu_dbias_config, dynamic_scheduler=True)
-    else:  # (N, 4C), (N, 4C), (4C,)
-        out = quack.dgelu_dbias(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
-                                config=quack.dgelu_dbias_config, dynamic_scheduler=True)
+    w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), in_dtype(h, dtype)
+    if post.numel():  # (N, 4C)
+        out = quack.dgelu_no_post(dy, w_proj_c, pre, out={"D": torch.empty_like(pre)},
+                                  config=quack.dgelu_config, dynamic_scheduler=True)
+    else:  # (N, 4C), (N, 4C)
+        out = quack.dgelu(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
+                          config=quack.dgelu_config, dynamic_scheduler=True)
         post = out["postact"]
-    return _weight_grads(dy, h, out["D"], post, out["dbias"].to(w_fc.dtype), w_fc, has_proj_bias)
+    return _weight_grads(dy, h, out["D"], post, w_fc, has_proj_bias)
 
 
 @_mlp_bwd.register_fake
@@ -183,21 +189,15 @@ def _(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
             w_fc.new_empty(w_proj.shape), w_fc.new_empty(n_proj_bias))
 
 
-def _weight_grads(dy, h, dpre, post, db_fc, w_fc, has_proj_bias):
-    """The matmul gradients (and c_proj's bias sum) shared by the quack path and the reference."""
+def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias):
+    """The matmul gradients (and c_proj's bias sum) shared by the quack path and the reference; c_fc's
+    bias gradient from the dW_fc GEMM, through h's column of ones."""
     dtype = w_fc.dtype  # the parameters' (fp32 in training): weight grads come out, bias sums accumulate in it
     dh = dpre @ w_fc.to(dpre.dtype)  # (N, C)
+    dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)
     db_proj = dy.sum(0, dtype=dtype) if has_proj_bias else dy.new_empty(0, dtype=dtype)
-    return dh, _matmul_out(dpre.t(), h, dtype), db_fc, _matmul_out(dy.t(), post, dtype), db_proj
-
-
-def _matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """a @ b in dtype, never rounded to a's dtype first: on CUDA a bf16 product comes out of the matmul's
-    fp32 accumulator as fp32 itself (no separate cast pass); CPU has no such kernel and multiplies the
-    same values in dtype, as kernels.cross_entropy.accumulate_dw does."""
-    if a.is_cuda and dtype == torch.float32 and a.dtype != dtype:
-        return torch.mm(a, b, out_dtype=dtype)
-    return a.to(dtype) @ b.to(dtype)
+    # copies: a custom op's outputs may not alias each other (dW_fc and db_fc are views of one product)
+    return dh, dw_fc.contiguous(), db_fc.clone(), matmul_out(dy.t(), post, dtype), db_proj
 
 
 def _setup_context(ctx, inputs, output):
@@ -227,7 +227,7 @@ def mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj):
 
 def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
     """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`; post is
-    the forward's, or empty to rebuild it from pre as the backward GEMM does."""
+    the forward's, or empty to rebuild it from pre as the backward GEMM does. h carries the ones column."""
     dpost = dy.to(pre.dtype) @ w_proj.to(pre.dtype)  # (N, 4C)
     x = pre.to(torch.promote_types(pre.dtype, torch.float32))  # bf16 math in fp32, fp64 tests in fp64
     inner = 0.7978845608028654 * (x + 0.044715 * x**3)  # √(2/π)(x + 0.044715x³)
@@ -236,5 +236,4 @@ def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
     dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
     if not post.numel():
         post = (0.5 * x * (1 + t)).to(pre.dtype)
-    db_fc = dpre.sum(0, dtype=w_fc.dtype)
-    return _weight_grads(dy.to(pre.dtype), h.to(pre.dtype), dpre, post, db_fc, w_fc, has_proj_bias)
+    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, has_proj_bias)

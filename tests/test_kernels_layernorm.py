@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from kernels.layernorm import _BWD_CONFIGS, add_layernorm, add_layernorm_backward, add_layernorm_reference
+from kernels.linear import ONES_COLUMNS, augmented, padded_width
 from tests.fixtures.numerics import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,14 +78,40 @@ def test_unused_residual_output():
 
 @pytest.mark.parametrize("x_dtype, out_dtype", [(F32, F32), (BF16, BF16)])
 @pytest.mark.parametrize("with_y_bias", [False, True], ids=["", "y_bias"])
-def test_opcheck_fake_and_autograd_registrations(x_dtype, out_dtype, with_y_bias):
+@pytest.mark.parametrize("ones_column", [False, True], ids=["", "ones_column"])
+def test_opcheck_fake_and_autograd_registrations(x_dtype, out_dtype, with_y_bias, ones_column):
     """Also checks that no two outputs alias, in the layouts where the residual itself is saved."""
     g = torch.Generator().manual_seed(2)
     x, y = (torch.randn(4, 24, generator=g).to(DEVICE, x_dtype).requires_grad_() for _ in range(2))
     w, b, y_bias = (torch.randn(24, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
     op = torch.ops.gpt2_kernels.add_layernorm_fwd.default
-    torch.library.opcheck(op, (x, y, y_bias if with_y_bias else None, w, b, 1e-5, out_dtype),
+    torch.library.opcheck(op, (x, y, y_bias if with_y_bias else None, w, b, 1e-5, out_dtype, ones_column),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+@pytest.mark.parametrize("N, C, dtype", [(37, 24, F32), (13, 100, BF16), (1, 64, BF16)])
+def test_ones_column_lays_the_output_out_for_a_biased_linear(N, C, dtype):
+    """With ones_column the normalised output is the same, bit for bit, and so are the gradients; its rows
+    lie in rows of kernels.linear.padded_width(C) (128 bytes a line in bf16) that continue with a one and
+    seven zeros, which the weight-gradient GEMM of a biased linear layer reads (kernels/linear.py)."""
+    g = torch.Generator().manual_seed(C)
+    x, y, d_res, d_out = (torch.randn(N, C, generator=g).to(DEVICE, dtype) for _ in range(4))
+    w = (1 + 0.5 * torch.randn(C, generator=g)).to(DEVICE)
+    b = (0.1 * torch.randn(C, generator=g)).to(DEVICE)
+    results = []
+    for ones_column in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, y, w, b)]
+        residual, out = add_layernorm(*leaves, out_dtype=dtype, ones_column=ones_column)
+        torch.autograd.backward((residual, out), (d_res, d_out))
+        results.append((residual, out, [t.grad for t in leaves]))
+    (res0, out0, grads0), (res1, out1, grads1) = results
+    assert torch.equal(res1, res0) and torch.equal(out1, out0)
+    assert all(torch.equal(a, b) for a, b in zip(grads1, grads0))
+    assert out1.stride() == ((padded_width(C), 1) if N > 1 else out1.stride())
+    assert padded_width(C) % 64 == 0 and padded_width(C) >= C + ONES_COLUMNS
+    tail = augmented(out1)[:, C:]  # (N, 8)
+    assert torch.equal(tail[:, 0], torch.ones(N, dtype=dtype, device=DEVICE))
+    assert torch.equal(tail[:, 1:], torch.zeros(N, ONES_COLUMNS - 1, dtype=dtype, device=DEVICE))
 
 
 def test_mismatched_shapes_are_rejected():
@@ -125,7 +152,7 @@ def test_backward_keeps_one_residual_in_the_output_dtype(x_dtype, out_dtype, sav
     rows = [t for t in saved if t.shape == (N, C)]
     assert [t.dtype for t in rows] == [out_dtype]
     assert (rows[0].data_ptr() == residual.data_ptr()) == saves_the_residual
-    op_outputs = torch.ops.gpt2_kernels.add_layernorm_fwd(x.detach(), y.detach(), y_bias, w, b, 1e-5, out_dtype)
+    op_outputs = torch.ops.gpt2_kernels.add_layernorm_fwd(x.detach(), y.detach(), y_bias, w, b, 1e-5, out_dtype, False)
     assert sum(t.numel() == N * C for t in op_outputs) == (2 if saves_the_residual else 3)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
-from kernels import add_layernorm
+from kernels import add_layernorm, with_ones_column
 from kernels.attention import configure_sdpa
 from tests.fixtures.numerics import rel_err
 
@@ -71,9 +71,9 @@ def test_kernel_path_keeping_post_matches_plain_path(monkeypatch):
 def test_fused_branch_is_forward_less_the_bias():
     """The fused path takes each branch without its c_proj bias and hands the bias on (add_layernorm adds
     it), through the attention op or SDPA, and, for the MLP, its plain ops or the GELU-epilogue op (the
-    ops' references on CPU)."""
+    ops' references on CPU), from an input laid out with its column of ones as add_layernorm writes it."""
     model = GPT.create(CONFIG, seed=1)
-    h = torch.randn(2, 16, CONFIG.n_embd, generator=torch.Generator().manual_seed(3))
+    h = with_ones_column(torch.randn(2, 16, CONFIG.n_embd, generator=torch.Generator().manual_seed(3)))
     attn, mlp = model.transformer.h[0].attn, model.transformer.h[0].mlp
     for packed_attention in (False, True):
         y, y_bias = attn.fused_branch(h, packed_attention)
