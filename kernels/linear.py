@@ -12,8 +12,8 @@ C+7 zeros, so the GEMM reads an (N, C + 8) operand whose rows stay 16-byte align
 multiple of 64 elements, so that in bf16 every row starts on a 128-byte line: at d12 a stride of C + 8
 cost quack's forward GELU GEMM 25% (0.53 → 0.67 ms, H100), each tile row then straddling two lines.
 
-The GEMM with the 8 extra columns costs what the plain one does at c_attn's shape (0.36 ms on an H100) and
-0.03 ms more at c_fc's; docs/benchmarks.md has the measurements.
+On an H100 at d12 the GEMM with the 8 extra columns costs what the plain one does at c_attn's shape (0.38 ms)
+and 0.05 ms more at c_fc's (0.49 ms); docs/benchmarks.md has the measurements.
 
 `biased_linear` is c_attn's op; kernels/mlp.py takes c_fc's bias gradient the same way
 (`weight_and_bias_grads`). `with_ones_column` gives any (..., C) tensor the layout (a copy), for callers

@@ -12,7 +12,7 @@ post, backward writes dpost from the matmul and reads it back with pre. Inside t
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
 docs/benchmarks.md). The c_fc bias gradient comes out of the dW_fc GEMM: h arrives from add_layernorm with
 a column of ones (kernels/linear.py), cheaper than a column sum in the backward GEMM's epilogue (0.07-0.11 ms
-a call at d12 on an H100, against 0.03 for the wider dW_fc GEMM). pre is kept for backward;
+a call at d12 on an H100, against 0.05 for the wider dW_fc GEMM). pre is kept for backward;
 post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
 with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`, within the
 budget configure_mlp is given: gpt2.train's `keep_mlp_post_gb`, 2.5 GB by default).
