@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._triton import jit, next_power_of_2, num_sms, tl, use_triton
-from kernels.linear import EXACT_STRIDES, ONES_COLUMNS, empty_with_ones_column, padded_width
+from kernels.linear import ONES_COLUMNS, empty_with_ones_column, padded_width
 
 
 @jit
@@ -182,7 +182,7 @@ def _writes_dy(x_dtype: torch.dtype, y_dtype: torch.dtype | None) -> bool:
     return y_dtype is not None and y_dtype != x_dtype
 
 
-@torch.library.custom_op("gpt2_kernels::add_layernorm_fwd", mutates_args=(), tags=EXACT_STRIDES)
+@torch.library.custom_op("gpt2_kernels::add_layernorm_fwd", mutates_args=())
 def _add_layernorm_fwd(
     x: torch.Tensor,  # (N, C)
     y: torch.Tensor | None,  # (N, C) or None

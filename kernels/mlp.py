@@ -72,9 +72,10 @@ def _load_quack() -> QuackGemms | None:
 
     # quack's autotuner takes minutes at these shapes. Measured at d12's shape on an H100 (2026-11-27, one call;
     # bench_kernels.py's bench_mlp_gemm_configs sweeps them all): for the backward GEMM, 128 x 192 ping-pong,
-    # cluster 1 x 2 was the fastest of five, 0.69 ms with postact and 0.64 without, against 0.75 and 0.68 for
-    # 128 x 128 cluster 1 x 2 (the best while the epilogue also summed dbias) and 0.73 and 0.67 for quack's
-    # untuned default (128 x 192, cluster 2 x 1); for gemm_act the default was within noise of the best
+    # cluster 1 x 2 was the fastest of five with postact, 0.69 ms (0.64 without), against 0.75 (0.68) for
+    # 128 x 128 cluster 1 x 2 (the best while the epilogue also summed dbias) and 0.73 (0.67) for quack's
+    # untuned default (128 x 192, cluster 2 x 1); without postact 192 x 128 was 0.02 ms faster still, not
+    # worth a second config. For gemm_act the default was within noise of the best
     # (2026-11-23), so it keeps it. A config is valid at any shape.
     return QuackGemms(gemm_act, dgelu_mod, dgelu_no_post, dgelu_config=GemmConfig(
         tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False,

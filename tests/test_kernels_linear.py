@@ -72,8 +72,7 @@ def test_the_column_survives_inductor_between_add_layernorm_and_the_op():
 
     def fused(x, w, b):
         _, normed = add_layernorm(x, None, ln_w, ln_b, ones_column=True)
-        assert normed.stride(0) == padded_width(C) or torch.compiler.is_compiling()
-        return biased_linear(normed, w, b)
+        return biased_linear(normed, w, b)  # raises if the compiled graph handed it dense rows
 
     params = [t.clone().requires_grad_() for t in (h, w, b)]
     torch.compile(fused, backend="inductor", fullgraph=True)(*params).backward(dy)
