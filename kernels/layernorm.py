@@ -79,6 +79,24 @@ def _add_layernorm_fwd_kernel(
 
 
 @jit
+def _bwd_load_rows(z_ptr, dout_ptr, dres_ptr, mean_ptr, rstd_ptr, first_row, i, n_rows, r, cols, col_mask,
+                   C: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, HAS_DRES: tl.constexpr):
+    """The backward's inputs for rows first_row + i + r of a program's rows, in their stored dtypes: z, dout,
+    dres (BLOCK_R, BLOCK_C) (dres 0 without HAS_DRES), mean and rstd (BLOCK_R, 1). Rows past the program's
+    or the tensor's end read as zeros."""
+    rows = first_row + i + r
+    row_mask = (i + r < ROWS_PER_PROGRAM) & (rows < n_rows)
+    mask = row_mask[:, None] & col_mask[None, :]
+    offs = rows[:, None] * C + cols[None, :]
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0)
+    dout = tl.load(dout_ptr + offs, mask=mask, other=0.0)
+    dres = tl.load(dres_ptr + offs, mask=mask, other=0.0) if HAS_DRES else z
+    mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    return z, dout, dres, mean, rstd
+
+
+@jit
 def _add_layernorm_bwd_kernel(
     z_ptr, w_ptr, mean_ptr, rstd_ptr,  # saved by forward: the residual (N, C) in any dtype, w (C,), (N,)
     dout_ptr, dres_ptr,  # incoming gradients of out and of residual (N, C)
@@ -101,15 +119,23 @@ def _add_layernorm_bwd_kernel(
     dw = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     db = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     dyb = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    # Each iteration's loads are issued one iteration ahead (software prefetch): with one warp a program and a
+    # few programs an SM, a warp would otherwise have nothing in flight while it reduces and stores its rows
+    # (d12, H100: 170 -> 151 us, the same sums in the same order)
+    first_row = pid.to(tl.int64) * ROWS_PER_PROGRAM
+    z_next, dout_next, dres_next, mean_next, rstd_next = _bwd_load_rows(
+        z_ptr, dout_ptr, dres_ptr, mean_ptr, rstd_ptr, first_row, 0, n_rows, r, cols, col_mask,
+        C, ROWS_PER_PROGRAM, HAS_DRES)
     for i in range(0, ROWS_PER_PROGRAM, BLOCK_R):
-        rows = pid.to(tl.int64) * ROWS_PER_PROGRAM + i + r  # (BLOCK_R,)
+        z, dout, dres, mean, rstd = z_next, dout_next, dres_next, mean_next, rstd_next
+        z_next, dout_next, dres_next, mean_next, rstd_next = _bwd_load_rows(
+            z_ptr, dout_ptr, dres_ptr, mean_ptr, rstd_ptr, first_row, i + BLOCK_R, n_rows, r, cols, col_mask,
+            C, ROWS_PER_PROGRAM, HAS_DRES)
+        rows = first_row + i + r  # (BLOCK_R,)
         row_mask = (i + r < ROWS_PER_PROGRAM) & (rows < n_rows)  # this program's rows only
         mask = row_mask[:, None] & col_mask[None, :]  # (BLOCK_R, BLOCK_C)
         offs = rows[:, None] * C + cols[None, :]
-        z = tl.load(z_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        dout = tl.load(dout_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        mean = tl.load(mean_ptr + rows, mask=row_mask, other=0.0)[:, None]
-        rstd = tl.load(rstd_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        z, dout = z.to(tl.float32), dout.to(tl.float32)
         xhat = tl.where(mask, (z - mean) * rstd, 0.0)
         wdout = w * dout
         # dz = rstd * (w*dout - mean(w*dout) - xhat * mean(w*dout*xhat)), means over the row
@@ -117,7 +143,7 @@ def _add_layernorm_bwd_kernel(
         c2 = tl.sum(wdout * xhat, axis=1)[:, None] / C
         dz = rstd * (wdout - c1 - xhat * c2)
         if HAS_DRES:
-            dz += tl.load(dres_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dz += dres.to(tl.float32)
         tl.store(dx_ptr + offs, dz.to(dx_ptr.dtype.element_ty), mask=mask)
         if WRITE_DY:
             tl.store(dy_ptr + offs, dz.to(dy_ptr.dtype.element_ty), mask=mask)

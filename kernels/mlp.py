@@ -50,7 +50,8 @@ class QuackGemms(NamedTuple):
     gemm_act: Callable  # quack.gemm_interface.gemm_act
     dgelu: Callable  # quack.epilogue.library.dgelu_mod: D = dpre, postact = gelu(pre)
     dgelu_no_post: Callable  # the same without postact: D = dpre
-    dgelu_config: object  # the quack.gemm_config.GemmConfig both are pinned to
+    dgelu_config: object  # the quack.gemm_config.GemmConfig each is pinned to
+    dgelu_no_post_config: object
 
 
 @functools.cache
@@ -71,15 +72,18 @@ def _load_quack() -> QuackGemms | None:
         return {"D": dx}
 
     # quack's autotuner takes minutes at these shapes. Measured at d12's shape on an H100 (2026-11-27, one call;
-    # bench_kernels.py's bench_mlp_gemm_configs sweeps them all): for the backward GEMM, 128 x 192 ping-pong,
-    # cluster 1 x 2 was the fastest of five with postact, 0.69 ms (0.64 without), against 0.75 (0.68) for
-    # 128 x 128 cluster 1 x 2 (the best while the epilogue also summed dbias) and 0.73 (0.67) for quack's
-    # untuned default (128 x 192, cluster 2 x 1); without postact 192 x 128 was 0.02 ms faster still, not
-    # worth a second config. For gemm_act the default was within noise of the best
-    # (2026-11-23), so it keeps it. A config is valid at any shape.
-    return QuackGemms(gemm_act, dgelu_mod, dgelu_no_post, dgelu_config=GemmConfig(
-        tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2, is_dynamic_persistent=False,
-        device_capacity=9))
+    # bench_kernels.py's bench_mlp_gemm_configs sweeps them all), the fastest of five for each form of the
+    # backward GEMM: with postact 128 x 192 ping-pong, cluster 1 x 2, 0.69 ms against 0.75 for 128 x 128 (the
+    # best while the epilogue also summed dbias) and 0.73 for quack's untuned default (128 x 192, cluster
+    # 2 x 1); without postact 192 x 128, cluster 1 x 2, 0.62 ms against 0.64 at 128 x 192 and 0.67 for the
+    # default. For gemm_act the default was within noise of the best (2026-11-23), so it keeps it. A config
+    # is valid at any shape.
+    def pinned(tile_m, tile_n):
+        return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=True, cluster_m=1, cluster_n=2,
+                          is_dynamic_persistent=False, device_capacity=9)
+
+    return QuackGemms(gemm_act, dgelu_mod, dgelu_no_post, dgelu_config=pinned(128, 192),
+                      dgelu_no_post_config=pinned(192, 128))
 
 
 def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
@@ -175,7 +179,7 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
     w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), in_dtype(h, dtype)
     if post.numel():  # (N, 4C)
         out = quack.dgelu_no_post(dy, w_proj_c, pre, out={"D": torch.empty_like(pre)},
-                                  config=quack.dgelu_config, dynamic_scheduler=True)
+                                  config=quack.dgelu_no_post_config, dynamic_scheduler=True)
     else:  # (N, 4C), (N, 4C)
         out = quack.dgelu(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
                           config=quack.dgelu_config, dynamic_scheduler=True)
