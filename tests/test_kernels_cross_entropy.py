@@ -158,9 +158,9 @@ def test_chunks_write_their_logits_into_one_buffer():
                 addresses.append(out.data_ptr())
             return out
 
-    dx, dw = torch.empty_like(x), torch.zeros(Vp, C)
+    dx, dw = torch.empty_like(x), torch.zeros(Vp, C, device=DEVICE)
     with LogitsAddresses():  # the custom op's loop itself: a dispatch mode sees a custom op as one call
-        ce._triton_chunks(x, w, targets, V, -1, torch.ones(1), chunk_rows, dx, dw)
+        ce._triton_chunks(x, w, targets, V, -1, torch.ones(1, device=DEVICE), chunk_rows, dx, dw)
     assert len(addresses) == 3, "one logits matmul per chunk"
     assert len(set(addresses)) == 1
 
