@@ -173,7 +173,7 @@ _BWD_CONFIGS = [
 ]
 # Columns a warp takes in the backward. The sweep on an H200 (2026-11-26, 65,536 rows): one row of one warp
 # was fastest at 768, 1,024 and 1,280 columns (145, 171, 211 us; the next best 155, 189, 276), two warps at
-# 1,600 (308 us against 515 for one)
+# 1,600 (308 us against 515 for one). Both sweeps predate the kernel's prefetch (only d12's shape measured since)
 _BWD_COLUMNS_PER_WARP = 1280
 
 
