@@ -79,15 +79,21 @@ def _add_layernorm_fwd_kernel(
 
 
 @jit
+def _bwd_rows(first_row, i, n_rows, r, cols, col_mask, C: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr):
+    """Rows first_row + i + r of a program's rows: (rows, row_mask, mask, offs); masked off past the
+    program's or the tensor's end."""
+    rows = first_row + i + r  # (BLOCK_R,)
+    row_mask = (i + r < ROWS_PER_PROGRAM) & (rows < n_rows)
+    mask = row_mask[:, None] & col_mask[None, :]  # (BLOCK_R, BLOCK_C)
+    return rows, row_mask, mask, rows[:, None] * C + cols[None, :]
+
+
+@jit
 def _bwd_load_rows(z_ptr, dout_ptr, dres_ptr, mean_ptr, rstd_ptr, first_row, i, n_rows, r, cols, col_mask,
                    C: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, HAS_DRES: tl.constexpr):
-    """The backward's inputs for rows first_row + i + r of a program's rows, in their stored dtypes: z, dout,
-    dres (BLOCK_R, BLOCK_C) (dres 0 without HAS_DRES), mean and rstd (BLOCK_R, 1). Rows past the program's
-    or the tensor's end read as zeros."""
-    rows = first_row + i + r
-    row_mask = (i + r < ROWS_PER_PROGRAM) & (rows < n_rows)
-    mask = row_mask[:, None] & col_mask[None, :]
-    offs = rows[:, None] * C + cols[None, :]
+    """The backward's inputs for `_bwd_rows`' rows, in their stored dtypes: z, dout, dres (BLOCK_R, BLOCK_C)
+    (z again without HAS_DRES), mean and rstd (BLOCK_R, 1); masked-off rows read as zeros."""
+    rows, row_mask, mask, offs = _bwd_rows(first_row, i, n_rows, r, cols, col_mask, C, ROWS_PER_PROGRAM)
     z = tl.load(z_ptr + offs, mask=mask, other=0.0)
     dout = tl.load(dout_ptr + offs, mask=mask, other=0.0)
     dres = tl.load(dres_ptr + offs, mask=mask, other=0.0) if HAS_DRES else z
@@ -131,10 +137,7 @@ def _add_layernorm_bwd_kernel(
         z_next, dout_next, dres_next, mean_next, rstd_next = _bwd_load_rows(
             z_ptr, dout_ptr, dres_ptr, mean_ptr, rstd_ptr, first_row, i + BLOCK_R, n_rows, r, cols, col_mask,
             C, ROWS_PER_PROGRAM, HAS_DRES)
-        rows = first_row + i + r  # (BLOCK_R,)
-        row_mask = (i + r < ROWS_PER_PROGRAM) & (rows < n_rows)  # this program's rows only
-        mask = row_mask[:, None] & col_mask[None, :]  # (BLOCK_R, BLOCK_C)
-        offs = rows[:, None] * C + cols[None, :]
+        _, _, mask, offs = _bwd_rows(first_row, i, n_rows, r, cols, col_mask, C, ROWS_PER_PROGRAM)
         z, dout = z.to(tl.float32), dout.to(tl.float32)
         xhat = tl.where(mask, (z - mean) * rstd, 0.0)
         wdout = w * dout
