@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
-from kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy
+from kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy, linear_no_bias
 from kernels.attention import packed_attention_enabled
 from kernels.compile import register_inductor_fallbacks
 from kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
@@ -38,12 +38,13 @@ def swapped(linear: nn.Linear) -> bool:
     return type(linear) is not nn.Linear
 
 
-def project(linear: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """linear(x) for the fused path, as (output, bias still to add): a plain nn.Linear leaves its bias to
-    add_layernorm, which adds it in the pass it makes anyway; a swapped one runs whole, bias included."""
-    if swapped(linear):
-        return linear(x), None
-    return F.linear(x, linear.weight), linear.bias
+def project(layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """layer(x) for the fused path, as (output, bias still to add): a plain nn.Linear leaves its bias to
+    add_layernorm, which adds it in the pass it makes anyway (kernels.linear: its weight gradient in fp32);
+    a swapped one runs whole, bias included."""
+    if swapped(layer):
+        return layer(x), None
+    return linear_no_bias(x, layer.weight), layer.bias
 
 
 class CausalSelfAttention(nn.Module):

@@ -13,13 +13,15 @@ so this package imports and works without Triton or a GPU.
 - `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
 - `biased_linear` (c_attn): a linear layer whose bias gradient comes out of its weight-gradient GEMM,
   through a column of ones that `add_layernorm(..., ones_column=True)` writes beside its output; fused_mlp
-  takes c_fc's bias gradient the same way (kernels/linear.py).
+  takes c_fc's bias gradient the same way (kernels/linear.py). Their forward and input-gradient GEMMs run
+  quack's GEMM at pinned tiles where the `gpu` extra is installed on a Hopper GPU (`configure_linear`), as
+  does `linear_no_bias` (attention's c_proj, whose bias add_layernorm adds).
 - `stochastic_round` (kernels/stochastic_round.py, not a custom op: the optimizer calls it outside any
   compiled graph): master weights rounded to bfloat16 values in one pass, the random bits drawn inside.
 - `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
-  and turn on the optional FA4 backward, GELU-epilogue MLP and scaled-exp classifier where they are
-  installed and agree with their references (`configure_attention`, `configure_mlp`,
-  `configure_classifier`, `configure_sdpa`: the parts alone).
+  and turn on the optional FA4 backward, GELU-epilogue MLP, quack block GEMMs and scaled-exp classifier
+  where they are installed and agree with their references (`configure_attention`, `configure_mlp`,
+  `configure_linear`, `configure_classifier`, `configure_sdpa`: the parts alone).
 """
 
 import torch
@@ -27,22 +29,24 @@ import torch
 from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
 from kernels.cross_entropy import configure_classifier, linear_cross_entropy, linear_cross_entropy_reference
 from kernels.layernorm import add_layernorm, add_layernorm_reference
-from kernels.linear import biased_linear, with_ones_column
+from kernels.linear import biased_linear, configure_linear, linear_no_bias, with_ones_column
 from kernels.mlp import configure_mlp, fused_mlp
 
 
 def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bfloat16,
                       device: torch.device | str = "cuda", preference: tuple[str, ...] = DEFAULT_PREFERENCE,
                       fa4_backward: bool = True, gelu_epilogue: bool = True, scaled_exp_classifier: bool = True,
-                      keep_mlp_post_bytes: float = 0.0) -> str:
-    """Configure the fused path's attention, MLP and classifier for this model shape; returns what runs,
-    e.g. "cudnn+fa4-bwd, quack-gelu-epilogue, quack-scaled-exp". keep_mlp_post_bytes: memory the MLPs may
-    spend keeping their GELU output for backward (kernels.mlp.layers_keeping_post)."""
+                      quack_gemm: bool = True, keep_mlp_post_bytes: float = 0.0) -> str:
+    """Configure the fused path's attention, MLP, block GEMMs and classifier for this model shape; returns
+    what runs, e.g. "cudnn+fa4-bwd, quack-gelu-epilogue, quack-gemm, quack-scaled-exp". keep_mlp_post_bytes:
+    memory the MLPs may spend keeping their GELU output for backward (kernels.mlp.layers_keeping_post)."""
     n_embd = n_head * head_size
     attention = configure_attention(n_head, head_size, dtype=dtype, device=device, preference=preference,
                                     fa4_backward=fa4_backward)
     mlp = configure_mlp(dtype, device, gelu_epilogue, n_embd=n_embd, keep_post_bytes=keep_mlp_post_bytes)
-    return f"{attention}, {mlp}, {configure_classifier(dtype, device, scaled_exp_classifier, n_embd=n_embd)}"
+    linear = configure_linear(dtype, device, quack_gemm, n_embd=n_embd)
+    classifier = configure_classifier(dtype, device, scaled_exp_classifier, n_embd=n_embd)
+    return f"{attention}, {mlp}, {linear}, {classifier}"
 
 
 __all__ = [
@@ -53,10 +57,12 @@ __all__ = [
     "configure_classifier",
     "configure_attention",
     "configure_kernels",
+    "configure_linear",
     "configure_mlp",
     "configure_sdpa",
     "fused_mlp",
     "linear_cross_entropy",
     "linear_cross_entropy_reference",
+    "linear_no_bias",
     "with_ones_column",
 ]

@@ -18,17 +18,97 @@ and 0.05 ms more at c_fc's (0.49 ms); docs/benchmarks.md has the measurements.
 `biased_linear` is c_attn's op; kernels/mlp.py takes c_fc's bias gradient the same way
 (`weight_and_bias_grads`). `with_ones_column` gives any (..., C) tensor the layout (a copy), for callers
 that do not get h from add_layernorm.
+
+`matmul` is the block's forward and input-gradient GEMM: on a Hopper GPU with the `gpu` extra, quack's GEMM
+at a tile pinned per call site (`configure_linear` turns it on once it agrees with torch's), else torch's.
+At d12 on an H100 it ran 1-13% faster than cuBLAS at each of these four shapes, with bit for bit the same
+output (docs/benchmarks.md); the weight-gradient GEMMs stay with cuBLAS, which was faster there.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
+
+from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 
 ONES_COLUMNS = 8  # the column of ones, then zeros: C + 8 columns keep a bf16 row a multiple of 16 bytes
 _ROW_ALIGN = 64  # elements: 128 bytes in bf16
 # The ops that read the column past h's last take h with the strides it came with: no compiler copy into a
 # dense layout, which would drop the column (an op finding h without it raises rather than reading past it)
 EXACT_STRIDES = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
+
+
+# quack GEMM tiles (M x N, ping-pong or cooperative, cluster M x N) pinned per call site: the fastest of twelve
+# at d12's shapes on an H100 (2026-11-27, bench/results/2026-11-27/12-*/mb_gemm.txt), against cuBLAS per call:
+C_ATTN_FORWARD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2)  # 305 against 345 us
+C_ATTN_INPUT_GRAD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)  # 305 against 345
+MLP_PROJ_FORWARD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2)  # 431 against 446
+MLP_FC_INPUT_GRAD = dict(tile_m=256, tile_n=192, pingpong=False, cluster_m=1, cluster_n=2)  # 428 against 448
+ATTN_PROJ = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)  # 112 against 123 and 128
+
+# Whether `matmul` runs quack's GEMM on CUDA; set by configure_linear before a model is compiled
+_quack_gemm_on_cuda = False
+
+
+@functools.cache
+def _load_quack_gemm() -> Callable | None:
+    """quack's GEMM taking a pinned config (out written in place), where quack runs on an SM90 GPU: the tiles
+    above were measured there."""
+    if quack_capability() != (9, 0):
+        return None
+    from quack.gemm_config import GemmConfig
+    from quack.gemm_interface import gemm_tuned
+
+    def gemm(a, b, out, bias, tile):
+        gemm_tuned.fn(a, b, out, bias=bias, config=GemmConfig(**tile, is_dynamic_persistent=False,
+                                                               device_capacity=9))
+
+    return gemm
+
+
+def configure_linear(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
+                     quack_gemm: bool = True, n_embd: int = 768) -> str:
+    """Turn quack's GEMM on for `matmul` where it runs and agrees with torch's at this width; returns what
+    runs ("quack-gemm" or "torch-gemm")."""
+    global _quack_gemm_on_cuda
+    _quack_gemm_on_cuda = False
+    if not (quack_gemm and dtype in (torch.bfloat16, torch.float16) and _load_quack_gemm() is not None):
+        return "torch-gemm"
+    g = torch.Generator(device=device).manual_seed(0)
+    h = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
+    w = 0.02 * torch.randn(3 * n_embd, n_embd, device=device, dtype=dtype, generator=g)
+    b = torch.randn(3 * n_embd, device=device, dtype=dtype, generator=g)
+    pairs = [(_quack_matmul(h, w.t(), b, C_ATTN_FORWARD), torch.addmm(b.float(), h.float(), w.float().t())),
+             (_quack_matmul(h @ w.t(), w, None, C_ATTN_INPUT_GRAD), (h @ w.t()).float() @ w.float())]
+    if (err := max_relative_error(pairs)) > CHECK_TOLERANCE:
+        raise RuntimeError(f"quack's GEMM disagrees with torch's at width {n_embd}: relative error {err:.2e}; "
+                           "`pip uninstall flash-attn-4 quack-kernels` (the gpu extra) to train without it")
+    _quack_gemm_on_cuda = True
+    return "quack-gemm"
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, tile: dict) -> torch.Tensor:
+    """a (M, K) @ b (K, N) + bias (N,) in a's dtype (a, b and bias in one dtype): quack's GEMM at `tile` where
+    configure_linear turned it on and the operands suit its TMA loads, else torch's."""
+    if _quack_gemm_on_cuda and a.is_cuda and all(map(_tma_loadable, (a, b))):
+        return _quack_matmul(a, b, bias, tile)
+    return torch.addmm(bias, a, b) if bias is not None else a @ b
+
+
+def _quack_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, tile: dict) -> torch.Tensor:
+    out = a.new_empty(a.size(0), b.size(1))
+    _load_quack_gemm()(a, b, out, bias, tile)
+    return out
+
+
+def _tma_loadable(t: torch.Tensor) -> bool:
+    """A 2-D operand a TMA load can read: one unit stride, the other a multiple of 16 bytes, 16-byte aligned."""
+    if t.dim() != 2 or 1 not in t.stride() or t.data_ptr() % 16:
+        return False
+    return all(s % (16 // t.element_size()) == 0 for s in t.stride() if s != 1)
 
 
 def padded_width(C: int) -> int:
@@ -92,43 +172,101 @@ def biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> 
     as autocast would: custom ops do not see autocast); the gradients of weight and bias come from one
     GEMM in weight's dtype."""
     C = h.size(-1)
-    return _biased_linear(h.reshape(-1, C), weight, bias).view(*h.shape[:-1], weight.size(0))
+    return _biased_linear(h.reshape(-1, C), weight, bias)[0].view(*h.shape[:-1], weight.size(0))
+
+
+def compute_copy(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight cast to the compute dtype as an op's output, which its backward keeps rather than casting weight
+    again: always a new tensor (a custom op's output may not alias an input, as weight.to(its own dtype) does)."""
+    return weight.to(dtype, copy=True)
 
 
 @torch.library.custom_op("gpt2_kernels::biased_linear", mutates_args=(), tags=EXACT_STRIDES)
-def _biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward)."""
     augmented(h)  # fail here, not in backward, on an input without the column
-    return torch.addmm(bias.to(h.dtype), h, weight.to(h.dtype).t())
+    w = compute_copy(weight, h.dtype)
+    return matmul(h, w.t(), bias.to(h.dtype), C_ATTN_FORWARD), w
 
 
 @_biased_linear.register_fake
 def _(h, weight, bias):
-    return h.new_empty(h.size(0), weight.size(0))
+    return h.new_empty(h.size(0), weight.size(0)), weight.new_empty(weight.shape, dtype=h.dtype)
 
 
 @torch.library.custom_op("gpt2_kernels::biased_linear_bwd", mutates_args=(), tags=EXACT_STRIDES)
-def _biased_linear_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor
+def _biased_linear_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dh (N, C) in h's dtype, dW, db in weight's dtype)."""
-    dw, db = weight_and_bias_grads(dy, h, weight.dtype)
+    """weight in the compute dtype -> (dh (N, C) in h's dtype, dW, db in grad_dtype, the parameters')."""
+    dw, db = weight_and_bias_grads(dy, h, grad_dtype)
     # copies: a custom op's outputs may not alias each other (dW and db are views of one product)
-    return dy @ weight.to(dy.dtype), dw.contiguous(), db.clone()
+    return matmul(dy, weight.to(dy.dtype), None, C_ATTN_INPUT_GRAD), dw.contiguous(), db.clone()
 
 
 @_biased_linear_bwd.register_fake
-def _(dy, h, weight):
-    return h.new_empty(h.shape), weight.new_empty(weight.shape), weight.new_empty(weight.size(0))
+def _(dy, h, weight, grad_dtype):
+    return h.new_empty(h.shape), weight.new_empty(weight.shape, dtype=grad_dtype), weight.new_empty(
+        weight.size(0), dtype=grad_dtype)
 
 
 def _setup_context(ctx, inputs, output):
     h, weight, _ = inputs
-    ctx.save_for_backward(h, weight)
+    _, w = output
+    ctx.save_for_backward(h, w)
+    ctx.grad_dtype = weight.dtype
+    ctx.mark_non_differentiable(w)
 
 
-def _backward(ctx, dy):
-    h, weight = ctx.saved_tensors
-    dh, dw, db = _biased_linear_bwd(dy.contiguous(), h, weight)
-    return dh, dw, db
+def _backward(ctx, dy, _dw):
+    h, w = ctx.saved_tensors
+    return _biased_linear_bwd(dy.contiguous(), h, w, ctx.grad_dtype)
 
 
 _biased_linear.register_autograd(_backward, setup_context=_setup_context)
+
+
+def linear_no_bias(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """h (..., C) -> h Wᵀ (..., out) in h's dtype, without a bias (the fused model adds attention c_proj's in
+    add_layernorm); weight's gradient in weight's dtype, out of the GEMM's fp32 accumulator."""
+    C = h.size(-1)
+    return _linear_no_bias(h.reshape(-1, C), weight)[0].view(*h.shape[:-1], weight.size(0))
+
+
+@torch.library.custom_op("gpt2_kernels::linear_no_bias", mutates_args=())
+def _linear_no_bias(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (h Wᵀ (N, out) in h's dtype, W in h's dtype for the backward)."""
+    w = compute_copy(weight, h.dtype)
+    return matmul(h, w.t(), None, ATTN_PROJ), w
+
+
+@_linear_no_bias.register_fake
+def _(h, weight):
+    return h.new_empty(h.size(0), weight.size(0)), weight.new_empty(weight.shape, dtype=h.dtype)
+
+
+@torch.library.custom_op("gpt2_kernels::linear_no_bias_bwd", mutates_args=())
+def _linear_no_bias_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight in the compute dtype -> (dh (N, C) in h's dtype, dW in grad_dtype, the parameter's)."""
+    return matmul(dy, weight.to(dy.dtype), None, ATTN_PROJ), matmul_out(dy.t(), h, grad_dtype)
+
+
+@_linear_no_bias_bwd.register_fake
+def _(dy, h, weight, grad_dtype):
+    return h.new_empty(h.shape), weight.new_empty(weight.shape, dtype=grad_dtype)
+
+
+def _linear_setup_context(ctx, inputs, output):
+    h, weight = inputs
+    _, w = output
+    ctx.save_for_backward(h, w)
+    ctx.grad_dtype = weight.dtype
+    ctx.mark_non_differentiable(w)
+
+
+def _linear_backward(ctx, dy, _dw):
+    h, w = ctx.saved_tensors
+    return _linear_no_bias_bwd(dy.contiguous(), h, w, ctx.grad_dtype)
+
+
+_linear_no_bias.register_autograd(_linear_backward, setup_context=_linear_setup_context)

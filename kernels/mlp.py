@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
-from kernels.linear import EXACT_STRIDES, augmented, in_dtype, matmul_out, weight_and_bias_grads, with_ones_column
+from kernels.linear import (EXACT_STRIDES, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented, compute_copy, in_dtype,
+                            matmul, matmul_out, weight_and_bias_grads, with_ones_column)
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -105,8 +106,8 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     ref_grads = mlp_reference_bwd(dy.float(), h, ref_pre, ref_pre.new_empty(0), w_fc, w_proj, False)
     pairs = []
     for keep_post in (False, True) if keep_post_bytes else (False,):  # post rebuilt, and kept where configured
-        y, pre, post = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype, keep_post)
-        grads = _mlp_bwd(dy, h, pre, post, w_fc, w_proj, False)
+        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype, keep_post)
+        grads = _mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, False, w_fc.dtype)
         pairs += zip((y, *grads[:4]), (ref_y, *ref_grads[:4]))
     err = max_relative_error(pairs)
     if err > CHECK_TOLERANCE:
@@ -134,47 +135,53 @@ def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: t
     h carries a column of ones (kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
 
     The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
-    do not see autocast), and their gradients come back in fp32. `keep_post` keeps the GELU's output for
-    backward (its memory, (..., 4C) in act_dtype) instead of having the backward GEMM rebuild it."""
+    do not see autocast), once: the backward keeps the casts. Their gradients come back in fp32. `keep_post`
+    keeps the GELU's output for backward (its memory, (..., 4C) in act_dtype) instead of having the backward
+    GEMM rebuild it."""
     C = h.size(-1)
-    y, _, _ = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post)
+    y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post)[0]
     return y.view(h.shape)
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
              b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, and with keep_post its output post (N, 4C),
-    else an empty tensor), all in act_dtype; pre and post are for backward. h carries the ones column."""
+    else an empty tensor, then W_fc and W_proj), all in act_dtype; pre, post and the weights are for backward.
+    h carries the ones column."""
     augmented(h)  # fail here, not in backward, on an input without the column
-    h, w_fc, b_fc, w_proj = (t.to(act_dtype) for t in (h, w_fc, b_fc, w_proj))
+    h, b_fc = h.to(act_dtype), b_fc.to(act_dtype)
+    w_fc, w_proj = compute_copy(w_fc, act_dtype), compute_copy(w_proj, act_dtype)
     b_proj = b_proj.to(act_dtype) if b_proj is not None else None
     if not h.is_cuda:
         y, pre, post = mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
     else:
         pre, post = _load_quack().gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True,
                                            tuned=False)  # (N, 4C) each
-        y = torch.addmm(b_proj, post, w_proj.t()) if b_proj is not None else post @ w_proj.t()  # (N, C)
-    return y, pre, post if keep_post else pre.new_empty(0)
+        y = matmul(post, w_proj.t(), b_proj, MLP_PROJ_FORWARD)  # (N, C)
+    return y, pre, post if keep_post else pre.new_empty(0), w_fc, w_proj
 
 
 @_mlp_fwd.register_fake
 def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post):
     N, C = h.shape
     hidden = h.new_empty(N, w_fc.size(0), dtype=act_dtype)
-    return h.new_empty(N, C, dtype=act_dtype), hidden, torch.empty_like(hidden) if keep_post else hidden.new_empty(0)
+    post = torch.empty_like(hidden) if keep_post else hidden.new_empty(0)
+    return (h.new_empty(N, C, dtype=act_dtype), hidden, post, w_fc.new_empty(w_fc.shape, dtype=act_dtype),
+            w_proj.new_empty(w_proj.shape, dtype=act_dtype))
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.Tensor, w_fc: torch.Tensor,
-             w_proj: torch.Tensor, has_proj_bias: bool
+             w_proj: torch.Tensor, has_proj_bias: bool, grad_dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj, db_proj (empty without) in the weights' dtype).
-    post: the forward's (N, 4C), or empty to have it rebuilt from pre."""
+    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj, db_proj (empty without) in grad_dtype, the
+    parameters'). The weights in the compute dtype (the forward's casts); post: the forward's (N, 4C), or
+    empty to have it rebuilt from pre."""
     dtype = pre.dtype
     if not dy.is_cuda:
-        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias)
+        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype)
     quack = _load_quack()
     w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), in_dtype(h, dtype)
     if post.numel():  # (N, 4C)
@@ -184,21 +191,21 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
         out = quack.dgelu(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
                           config=quack.dgelu_config, dynamic_scheduler=True)
         post = out["postact"]
-    return _weight_grads(dy, h, out["D"], post, w_fc, has_proj_bias)
+    return _weight_grads(dy, h, out["D"], post, w_fc, has_proj_bias, grad_dtype)
 
 
 @_mlp_bwd.register_fake
-def _(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
+def _(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype):
     n_proj_bias = w_proj.size(0) if has_proj_bias else 0
-    return (h.new_empty(h.shape, dtype=pre.dtype), w_fc.new_empty(w_fc.shape), w_fc.new_empty(w_fc.size(0)),
-            w_fc.new_empty(w_proj.shape), w_fc.new_empty(n_proj_bias))
+    grads = (w_fc.shape, (w_fc.size(0),), w_proj.shape, (n_proj_bias,))
+    return h.new_empty(h.shape, dtype=pre.dtype), *(w_fc.new_empty(shape, dtype=grad_dtype) for shape in grads)
 
 
-def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias):
+def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias, dtype):
     """The matmul gradients (and c_proj's bias sum) shared by the quack path and the reference; c_fc's
-    bias gradient from the dW_fc GEMM, through h's column of ones."""
-    dtype = w_fc.dtype  # the parameters' (fp32 in training): weight grads come out, bias sums accumulate in it
-    dh = dpre @ w_fc.to(dpre.dtype)  # (N, C)
+    bias gradient from the dW_fc GEMM, through h's column of ones. dtype: the parameters' (fp32 in
+    training): weight grads come out, bias sums accumulate in it."""
+    dh = matmul(dpre, w_fc.to(dpre.dtype), None, MLP_FC_INPUT_GRAD)  # (N, C)
     dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)
     db_proj = dy.sum(0, dtype=dtype) if has_proj_bias else dy.new_empty(0, dtype=dtype)
     # copies: a custom op's outputs may not alias each other (dW_fc and db_fc are views of one product)
@@ -206,17 +213,18 @@ def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias):
 
 
 def _setup_context(ctx, inputs, output):
-    h, w_fc, _, w_proj, b_proj, _, _ = inputs
-    _, pre, post = output
-    ctx.save_for_backward(h, pre, post, w_fc, w_proj)
+    h, w_fc, _, _, b_proj, _, _ = inputs
+    _, pre, post, w_fc_c, w_proj_c = output
+    ctx.save_for_backward(h, pre, post, w_fc_c, w_proj_c)
     ctx.has_proj_bias = b_proj is not None
-    ctx.h_dtype = h.dtype
-    ctx.mark_non_differentiable(pre, post)
+    ctx.h_dtype, ctx.grad_dtype = h.dtype, w_fc.dtype
+    ctx.mark_non_differentiable(pre, post, w_fc_c, w_proj_c)
 
 
-def _backward(ctx, dy, _dpre, _dpost):
+def _backward(ctx, dy, _dpre, _dpost, _dw_fc, _dw_proj):
     h, pre, post, w_fc, w_proj = ctx.saved_tensors
-    dh, dw_fc, db_fc, dw_proj, db_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.has_proj_bias)
+    dh, dw_fc, db_fc, dw_proj, db_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.has_proj_bias,
+                                                  ctx.grad_dtype)
     return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, (db_proj if ctx.has_proj_bias else None), None, None
 
 
@@ -230,9 +238,10 @@ def mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj):
     return F.linear(post, w_proj.to(h.dtype), b_proj.to(h.dtype) if b_proj is not None else None), pre, post
 
 
-def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
+def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype=None):
     """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`; post is
-    the forward's, or empty to rebuild it from pre as the backward GEMM does. h carries the ones column."""
+    the forward's, or empty to rebuild it from pre as the backward GEMM does. h carries the ones column; the
+    gradients come in grad_dtype (default: the weights')."""
     dpost = dy.to(pre.dtype) @ w_proj.to(pre.dtype)  # (N, 4C)
     x = pre.to(torch.promote_types(pre.dtype, torch.float32))  # bf16 math in fp32, fp64 tests in fp64
     inner = 0.7978845608028654 * (x + 0.044715 * x**3)  # √(2/π)(x + 0.044715x³)
@@ -241,4 +250,5 @@ def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias):
     dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
     if not post.numel():
         post = (0.5 * x * (1 + t)).to(pre.dtype)
-    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, has_proj_bias)
+    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, has_proj_bias,
+                         grad_dtype or w_fc.dtype)

@@ -1,13 +1,16 @@
 """kernels.linear: a biased linear layer whose bias gradient comes out of its weight-gradient GEMM through a
 column of ones beside its input, against autograd through F.linear, at odd shapes; the layout's checks;
-and the layout surviving torch.compile's Inductor between add_layernorm and the op."""
+the layout surviving torch.compile's Inductor between add_layernorm and the op; and `matmul`, quack's GEMM
+at each pinned tile on a GPU (against fp32, and bit for bit against cuBLAS at d12's shapes)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernels import add_layernorm, biased_linear, with_ones_column
-from kernels.linear import _biased_linear, _biased_linear_bwd, augmented, padded_width
+import kernels.linear as linear
+from kernels.linear import (_biased_linear, _biased_linear_bwd, _linear_no_bias, _linear_no_bias_bwd, augmented,
+                            padded_width)
 from tests.fixtures.numerics import rel_err
 
 OPCHECKS = ("test_schema", "test_faketensor", "test_autograd_registration")  # the AOT ones clone h: no column
@@ -34,6 +37,44 @@ def test_gradients_match_autograd_through_f_linear(N, C, out):
         assert got.shape == want.shape and rel_err(got, want) < 1e-12
 
 
+@pytest.mark.parametrize("N, C, out", [(7, 5, 15), (1, 3, 9), (130, 64, 8)])
+def test_bias_free_linear_matches_autograd_through_f_linear(N, C, out):
+    h, dy, w, _ = leaves(N, C, out)
+    x, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
+    y = linear.linear_no_bias(x.view(1, N, C), wl)  # a leading batch dimension, as the model passes
+    y.backward(dy.view(1, N, out))
+    ref = [t.clone().requires_grad_() for t in (h, w)]
+    F.linear(*ref).backward(dy)
+    assert y.shape == (1, N, out) and rel_err(y.view(N, out), F.linear(h, w)) < 1e-12
+    for got, want in zip((x.grad, wl.grad), (t.grad for t in ref)):
+        assert got.shape == want.shape and rel_err(got, want) < 1e-12
+
+
+def test_bias_free_linear_gives_its_weight_gradient_in_fp32_from_bf16_activations():
+    """Under autocast the fused model's c_proj got a bf16 weight gradient, rounded before it reached the fp32
+    parameter; the op's comes out of the GEMM's fp32 accumulator."""
+    h, dy, w, _ = (t.float() for t in leaves(256, 32, 16, seed=3))
+    wl = w.clone().requires_grad_()
+    linear.linear_no_bias(h.bfloat16(), wl).backward(dy.bfloat16())
+    want = dy.bfloat16().double().t() @ h.bfloat16().double()
+    assert wl.grad.dtype == torch.float32 and rel_err(wl.grad, want) < 1e-6
+
+
+@pytest.mark.parametrize("op", ["biased_linear", "linear_no_bias"])
+def test_the_backward_uses_the_weights_the_forward_cast(op):
+    """The forward's cast of the weights to the compute dtype is what the backward multiplies by (no second
+    cast a micro-step): a weight changed in place after the forward neither changes the input gradient nor
+    makes autograd refuse the backward, as it did while the op kept the parameter itself."""
+    h, dy, w, b = (t.float() for t in leaves(33, 12, 36, seed=4))
+    x, wl = with_ones_column(h, torch.bfloat16).requires_grad_(), w.clone().requires_grad_()
+    args = (x, wl, b.clone().requires_grad_()) if op == "biased_linear" else (x, wl)
+    y = getattr(linear, op)(*args)
+    with torch.no_grad():
+        wl.mul_(2)
+    y.backward(dy.bfloat16())
+    assert rel_err(x.grad, dy.bfloat16().double() @ w.bfloat16().double()) < 1e-2
+
+
 def test_weight_and_bias_gradients_come_in_the_weights_dtype():
     """bf16 activations, fp32 parameters (training under autocast): the op computes in h's dtype and its
     weight and bias gradients come out in fp32, the bias's no longer a bf16 column sum rounded first."""
@@ -50,7 +91,9 @@ def test_ops_pass_opcheck():
     h, dy, w, b = (t.float() for t in leaves(9, 4, 12))
     h = with_ones_column(h)
     torch.library.opcheck(_biased_linear, (h, w, b), test_utils=OPCHECKS)
-    torch.library.opcheck(_biased_linear_bwd, (dy, h, w), test_utils=OPCHECKS)
+    torch.library.opcheck(_biased_linear_bwd, (dy, h, w, torch.float32), test_utils=OPCHECKS)
+    torch.library.opcheck(_linear_no_bias, (h, w[:, :4].contiguous()))
+    torch.library.opcheck(_linear_no_bias_bwd, (dy, h.contiguous(), w[:, :4].contiguous(), torch.float32))
 
 
 def test_an_input_without_the_column_is_refused_in_forward():
@@ -87,3 +130,41 @@ def test_augmented_view_reads_the_one_and_zeros():
     tail = augmented(h)[:, 10:]
     assert torch.equal(tail[:, 0], torch.ones(5)) and torch.equal(tail[:, 1:], torch.zeros(5, 7))
     assert h.stride() == (64, 1) and padded_width(768) == 832
+
+
+def test_only_operands_a_tma_load_can_read_go_to_quack():
+    """matmul sends quack only 2-D operands with a unit stride, the other stride a multiple of 16 bytes and a
+    16-byte aligned start (the ones-column layout is one); anything else stays with torch's matmul."""
+    x = torch.zeros(64, 80, dtype=torch.bfloat16)
+    assert linear._tma_loadable(x) and linear._tma_loadable(x.t()) and linear._tma_loadable(x[:, :72])
+    assert linear._tma_loadable(with_ones_column(torch.zeros(5, 768, dtype=torch.bfloat16)))
+    assert not linear._tma_loadable(x[:, 1:])  # starts 2 bytes past an aligned address
+    assert not linear._tma_loadable(torch.zeros(64, 81, dtype=torch.bfloat16)[:, :80])  # rows 162 bytes apart
+    assert not linear._tma_loadable(x[:, ::2])  # no unit stride
+    assert not linear._tma_loadable(x[0])  # 1-D
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["C_ATTN_FORWARD", "C_ATTN_INPUT_GRAD", "MLP_PROJ_FORWARD", "MLP_FC_INPUT_GRAD"])
+def test_quack_matmul_on_gpu(tile):
+    """Each pinned tile against the fp32 product at odd shapes (rows and columns not a multiple of a tile, an
+    operand transposed, h in the ones-column layout, with and without a bias), and bit for bit against
+    cuBLAS at d12's shapes, as measured (bench/results/2026-11-27/12-*)."""
+    name = linear.configure_linear(torch.bfloat16, "cuda")
+    try:
+        if name != "quack-gemm":
+            pytest.skip(f"quack-kernels not installed or not applicable here ({name})")
+        g = torch.Generator(device="cuda").manual_seed(4)
+        for M, K, N, bias in [(1000, 768, 2304, True), (129, 72, 200, False), (300, 3072, 776, True)]:
+            a = with_ones_column(torch.randn(M, K, device="cuda", generator=g).bfloat16())
+            w = torch.randn(N, K, device="cuda", generator=g).bfloat16()
+            b = torch.randn(N, device="cuda", generator=g).bfloat16() if bias else None
+            y = linear.matmul(a, w.t(), b, getattr(linear, tile))
+            ref = a.float() @ w.float().t() + (b.float() if bias else 0)
+            assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
+        a, w = (torch.randn(65536, 768, device="cuda", generator=g).bfloat16(),
+                torch.randn(2304, 768, device="cuda", generator=g).bfloat16() * 0.02)
+        b = torch.randn(2304, device="cuda", generator=g).bfloat16()
+        assert torch.equal(linear.matmul(a, w.t(), b, getattr(linear, tile)), torch.addmm(b, a, w.t()))
+    finally:
+        linear._quack_gemm_on_cuda = False

@@ -74,6 +74,26 @@ def test_op_autograd_on_cpu_matches_plain_mlp(keep_post):
         assert p.grad.dtype == torch.float32 and rel_err(p.grad, r.grad) < 1e-5
 
 
+def test_the_backward_uses_the_weights_the_forward_cast():
+    """fused_mlp's backward multiplies by the forward's bf16 casts of W_fc and W_proj (no second cast a
+    micro-step): weights changed in place after the forward leave the input gradient as it was, and autograd
+    no longer refuses the backward as it did while the op kept the parameters themselves."""
+    C = 8
+    w_fc, b_fc, w_proj, _ = (t.float() for t in weights(C))
+    g = torch.Generator().manual_seed(2)
+    h, dy = (torch.randn(16, C, generator=g) for _ in range(2))
+    x = with_ones_column(h, torch.bfloat16).requires_grad_()
+    params = [t.clone().requires_grad_() for t in (w_fc, b_fc, w_proj)]
+    y = mlp_op.fused_mlp(x, *params[:2], params[2], None, torch.bfloat16)
+    with torch.no_grad():
+        params[0].mul_(2), params[2].mul_(-1)
+    y.backward(dy.bfloat16())
+    ref = h.bfloat16().double().requires_grad_()
+    plain_mlp(ref, w_fc.bfloat16().double(), b_fc.bfloat16().double(), w_proj.bfloat16().double(), None
+              ).backward(dy.bfloat16().double())
+    assert rel_err(x.grad, ref.grad) < 2e-2
+
+
 def test_ops_pass_opcheck():
     """Fake (meta) implementations agree with the real ones: what torch.compile traces is what runs.
     (opcheck's AOT tests are left out: they clone h, which drops the ones column past its last column.)"""
@@ -83,9 +103,10 @@ def test_ops_pass_opcheck():
     for keep_post in (False, True):
         torch.library.opcheck(mlp_op._mlp_fwd, (h, w_fc, b_fc, w_proj, b_proj, torch.float32, keep_post),
                               test_utils=OPCHECKS)
-        _, pre, post = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post)
+        _, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post)
         assert post.shape == ((9, 4 * C) if keep_post else (0,))
-        torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, post, w_fc, w_proj, False),
+        torch.library.opcheck(mlp_op._mlp_bwd,
+                              (torch.randn(9, C), h, pre, post, w_fc_c, w_proj_c, False, torch.float32),
                               test_utils=OPCHECKS)
 
 
@@ -106,8 +127,9 @@ def test_gelu_epilogue_on_gpu():
         ref_grads = mlp_op.mlp_reference_bwd(dy.float(), with_ones_column(h, torch.float32), ref_pre, ref_post,
                                              w_fc, w_proj, True)
         for keep_post in (False, True):  # dgelu rebuilding post, and its variant without postact
-            y, pre, post = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16, keep_post)
-            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc, w_proj, True)
+            y, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16,
+                                                             keep_post)
+            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, True, torch.float32)
             assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
             assert post.numel() == 0 or rel_err(post, ref_post) < 1e-2
             for a, b in zip(grads, ref_grads):
