@@ -92,8 +92,8 @@ def configure_linear(dtype: torch.dtype = torch.bfloat16, device: torch.device |
 
 def matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, tile: dict) -> torch.Tensor:
     """a (M, K) @ b (K, N) + bias (N,) in a's dtype (a, b and bias in one dtype): quack's GEMM at `tile` where
-    configure_linear turned it on and the operands suit its TMA loads, else torch's."""
-    if _quack_gemm_on_cuda and a.is_cuda and all(map(_tma_loadable, (a, b))):
+    configure_linear turned it on and the operands suit it, else torch's."""
+    if _quack_gemm_on_cuda and a.is_cuda and _suits_quack(a, b, bias):
         return _quack_matmul(a, b, bias, tile)
     return torch.addmm(bias, a, b) if bias is not None else a @ b
 
@@ -102,6 +102,13 @@ def _quack_matmul(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, t
     out = a.new_empty(a.size(0), b.size(1))
     _load_quack_gemm()(a, b, out, bias, tile)
     return out
+
+
+def _suits_quack(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """16-bit operands of one dtype (quack's SM90 GEMM takes no fp32 inputs: the fp32 references run torch's),
+    each one a TMA load can read."""
+    dtypes = {t.dtype for t in (a, b, bias) if t is not None}
+    return len(dtypes) == 1 and dtypes <= {torch.bfloat16, torch.float16} and all(map(_tma_loadable, (a, b)))
 
 
 def _tma_loadable(t: torch.Tensor) -> bool:

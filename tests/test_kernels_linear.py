@@ -144,6 +144,17 @@ def test_only_operands_a_tma_load_can_read_go_to_quack():
     assert not linear._tma_loadable(x[0])  # 1-D
 
 
+def test_only_16_bit_operands_of_one_dtype_go_to_quack():
+    """quack's SM90 GEMM takes bf16 or fp16 inputs: fp32 operands (the fp32 reference paths, bench.numerics)
+    and mixed dtypes stay with torch's matmul."""
+    a, b, bias = torch.zeros(64, 80, dtype=torch.bfloat16), torch.zeros(80, 48, dtype=torch.bfloat16), None
+    assert linear._suits_quack(a, b, bias) and linear._suits_quack(a.half(), b.half(), torch.zeros(48).half())
+    assert not linear._suits_quack(a.float(), b.float(), bias)
+    assert not linear._suits_quack(a, b.half(), bias)
+    assert not linear._suits_quack(a, b, torch.zeros(48))
+    assert not linear._suits_quack(a[:, 1:], b[1:], bias)  # not TMA-loadable
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", ["C_ATTN_FORWARD", "C_ATTN_INPUT_GRAD", "MLP_PROJ_FORWARD", "MLP_FC_INPUT_GRAD"])
 def test_quack_matmul_on_gpu(tile):
@@ -162,6 +173,8 @@ def test_quack_matmul_on_gpu(tile):
             y = linear.matmul(a, w.t(), b, getattr(linear, tile))
             ref = a.float() @ w.float().t() + (b.float() if bias else 0)
             assert y.dtype == torch.bfloat16 and rel_err(y, ref) < 1e-2
+            assert torch.equal(linear.matmul(a.float(), w.float().t(), None, getattr(linear, tile)),
+                               a.float() @ w.float().t())  # fp32: torch's
         a, w = (torch.randn(65536, 768, device="cuda", generator=g).bfloat16(),
                 torch.randn(2304, 768, device="cuda", generator=g).bfloat16() * 0.02)
         b = torch.randn(2304, device="cuda", generator=g).bfloat16()
