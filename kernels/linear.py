@@ -216,20 +216,24 @@ def _(dy, h, weight, grad_dtype):
         weight.size(0), dtype=grad_dtype)
 
 
-def _setup_context(ctx, inputs, output):
-    h, weight, _ = inputs
-    _, w = output
-    ctx.save_for_backward(h, w)
-    ctx.grad_dtype = weight.dtype
-    ctx.mark_non_differentiable(w)
+def _register_autograd(op, backward_op) -> None:
+    """op(h, weight, ...) -> (y, weight's cast): its backward is backward_op(dy, h, the cast, the parameters'
+    dtype), whose gradients are op's inputs'."""
+
+    def setup_context(ctx, inputs, output):
+        h, weight = inputs[:2]
+        ctx.save_for_backward(h, output[1])
+        ctx.grad_dtype = weight.dtype
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(ctx, dy, _dw):
+        h, w = ctx.saved_tensors
+        return backward_op(dy.contiguous(), h, w, ctx.grad_dtype)
+
+    op.register_autograd(backward, setup_context=setup_context)
 
 
-def _backward(ctx, dy, _dw):
-    h, w = ctx.saved_tensors
-    return _biased_linear_bwd(dy.contiguous(), h, w, ctx.grad_dtype)
-
-
-_biased_linear.register_autograd(_backward, setup_context=_setup_context)
+_register_autograd(_biased_linear, _biased_linear_bwd)
 
 
 def linear_no_bias(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -263,17 +267,4 @@ def _(dy, h, weight, grad_dtype):
     return h.new_empty(h.shape), weight.new_empty(weight.shape, dtype=grad_dtype)
 
 
-def _linear_setup_context(ctx, inputs, output):
-    h, weight = inputs
-    _, w = output
-    ctx.save_for_backward(h, w)
-    ctx.grad_dtype = weight.dtype
-    ctx.mark_non_differentiable(w)
-
-
-def _linear_backward(ctx, dy, _dw):
-    h, w = ctx.saved_tensors
-    return _linear_no_bias_bwd(dy.contiguous(), h, w, ctx.grad_dtype)
-
-
-_linear_no_bias.register_autograd(_linear_backward, setup_context=_linear_setup_context)
+_register_autograd(_linear_no_bias, _linear_no_bias_bwd)
