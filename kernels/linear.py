@@ -22,7 +22,7 @@ that do not get h from add_layernorm.
 `matmul` is the block's forward and input-gradient GEMM (c_attn, attention's c_proj through `linear_no_bias`,
 the MLP's c_proj and c_fc in kernels/mlp.py): on a Hopper GPU with the `gpu` extra, quack's GEMM at a tile
 pinned per call site (`configure_linear` turns it on once it agrees with torch's), else torch's. At d12 on
-an H100 it ran 3-13% faster than cuBLAS at each of those six GEMMs, with bit for bit the same output
+an H100 it took 3-12% less time than cuBLAS at each of those six GEMMs, with bit for bit the same output
 (docs/benchmarks.md); the weight-gradient GEMMs stay with cuBLAS, which was faster there.
 """
 
