@@ -183,12 +183,12 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
     if not dy.is_cuda:
         return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype)
     quack = _load_quack()
-    w_proj_c, dy, h = w_proj.to(dtype), dy.to(dtype), in_dtype(h, dtype)
+    dy, h = dy.to(dtype), in_dtype(h, dtype)  # w_fc and w_proj come in dtype: the forward's casts
     if post.numel():  # (N, 4C)
-        out = quack.dgelu_no_post(dy, w_proj_c, pre, out={"D": torch.empty_like(pre)},
+        out = quack.dgelu_no_post(dy, w_proj, pre, out={"D": torch.empty_like(pre)},
                                   config=quack.dgelu_no_post_config, dynamic_scheduler=True)
     else:  # (N, 4C), (N, 4C)
-        out = quack.dgelu(dy, w_proj_c, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
+        out = quack.dgelu(dy, w_proj, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
                           config=quack.dgelu_config, dynamic_scheduler=True)
         post = out["postact"]
     return _weight_grads(dy, h, out["D"], post, w_fc, has_proj_bias, grad_dtype)

@@ -156,7 +156,8 @@ def test_only_16_bit_operands_of_one_dtype_go_to_quack():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tile", ["C_ATTN_FORWARD", "C_ATTN_INPUT_GRAD", "MLP_PROJ_FORWARD", "MLP_FC_INPUT_GRAD"])
+@pytest.mark.parametrize("tile", ["C_ATTN_FORWARD", "C_ATTN_INPUT_GRAD", "MLP_PROJ_FORWARD", "MLP_FC_INPUT_GRAD",
+                                  "ATTN_PROJ"])
 def test_quack_matmul_on_gpu(tile):
     """Each pinned tile against the fp32 product at odd shapes (rows and columns not a multiple of a tile, an
     operand transposed, h in the ones-column layout, with and without a bias), and bit for bit against
