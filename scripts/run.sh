@@ -160,7 +160,9 @@ if worker_pid=$(kept_pid worker); then
 else
     echo "[run] starting a worker (log: .prefect/worker.log)"
     worker_log=$(log_to worker.log)
-    setsid "${prefect[@]}" worker start --pool gpt2-local >>"$worker_log" 2>&1 9>&- &
+    # it asks the server for runs to start every 2 s (Prefect's default is 10 s: most of a short run's wait)
+    PREFECT_WORKER_QUERY_SECONDS=${PREFECT_WORKER_QUERY_SECONDS:-2} \
+        setsid "${prefect[@]}" worker start --pool gpt2-local >>"$worker_log" 2>&1 9>&- &
     worker_pid=$!
     echo "$worker_pid" >"$PREFECT_HOME/worker.pid"
 fi

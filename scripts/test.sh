@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_postgres.sh  # PostgreSQL for tests/test_pipeline_deployments.py (skips itself without)
 bash scripts/install_slurm.sh     # Slurm + munge for tests/test_pipeline_slurm.py (skips itself without)
-# Two processes, each taking whole test files (a module's server or cluster is started once); TEST_WORKERS=0
-# runs everything in this process. Exits non-zero when a test fails and when no test ran (pytest's exit code 5).
-exec .venv/bin/python -m pytest -ra -n "${TEST_WORKERS:-2}" --dist loadfile "$@"
+# Four processes on any number of cores: most of an end-to-end test is waiting (for a server, a worker, a
+# subprocess), so two tests a core overlap their waits. Each process takes whole test files and starts the
+# servers its tests share once (tests/conftest.py); TEST_WORKERS=0 runs everything in this process. The 15
+# slowest tests are listed at the end. Exits non-zero when a test fails and when no test ran (exit code 5).
+exec .venv/bin/python -m pytest -ra -n "${TEST_WORKERS:-4}" --dist loadfile --durations=15 "$@"

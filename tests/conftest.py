@@ -2,6 +2,9 @@
 
 Without a GPU, Triton kernels run on CPU tensors through Triton's interpreter. The variable is read
 when a kernel is decorated, so it is set here, before any test module imports `kernels`.
+
+The end-to-end tier shares its servers: one deployed server and worker (`server`, `worker`) and one temporary
+in-process server (`prefect_server`) per test process, each started when a test first asks for it.
 """
 
 import os
@@ -13,7 +16,17 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# an end-to-end test's own limit, under pyproject.toml's global one: a test that hangs fails on its own, naming
+# what it waited for, and its fixtures stop what it started
+SLOW_TEST_TIMEOUT_S = 600
+
+
 def pytest_collection_modifyitems(config, items):
+    # the end-to-end tier first: under `--dist loadfile` the longest modules start first, not last
+    items.sort(key=lambda item: "slow" not in item.keywords)
+    for item in items:
+        if "slow" in item.keywords and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
@@ -22,13 +35,44 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """A temporary Prefect server for one test module; yields a fresh folder, which also holds the results."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test stopped by its timeout says what it was waiting for (tests/fixtures/processes.py, wait_for)."""
+    from tests.fixtures.processes import INTERRUPTED_WAIT
+
+    report = (yield).get_result()
+    if report.failed and call.excinfo is not None and "Timeout" in str(call.excinfo.value) and INTERRUPTED_WAIT:
+        report.sections.append(("timeout", f"waiting for: {INTERRUPTED_WAIT.pop()}"))
+
+
+@pytest.fixture(scope="session")
+def _prefect_harness(tmp_path_factory):
+    """Prefect's temporary server, for flows called in this process; results stored under a folder of its own."""
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    root = tmp_path_factory.mktemp("pipeline")
-    with prefect_test_harness(server_startup_timeout=180), \
-            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: root / "results"}):
-        yield root
+    results = tmp_path_factory.mktemp("results")
+    with prefect_test_harness(server_startup_timeout=180), temporary_settings({PREFECT_LOCAL_STORAGE_PATH: results}):
+        yield
+
+
+@pytest.fixture(scope="module")
+def prefect_server(_prefect_harness, tmp_path_factory):
+    """The temporary server for flows called in this process; yields a fresh folder for the module's outputs."""
+    return tmp_path_factory.mktemp("pipeline")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real server with prefect.yaml's deployments of a copy of this working tree (tests/fixtures/deployed.py),
+    shared by every test of this process: each test keeps to its own run_name, dataset or runs_dir."""
+    from tests.fixtures.deployed import serving_this_tree
+
+    with serving_this_tree(tmp_path_factory.mktemp("server")) as s:
+        yield s
+
+
+@pytest.fixture
+def worker(server):
+    """The server's worker (started again where an earlier test killed it)."""
+    return server.worker()

@@ -12,7 +12,6 @@ import glob
 import hashlib
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from test_pipeline_deployments import clone, run_sh  # noqa: F401  (clone is a f
 from common.locks import folder_lock
 from tests.fixtures.hub_replica import HubReplica, fineweb_like
 from tests.test_pipeline_integrity import folder_snapshot, state_once_logged
-from tests.test_pipeline_server import serving_this_tree, wait_for_final_state
+from tests.fixtures.deployed import wait_for_final_state
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +62,7 @@ def test_run_sh_gpt2_124m_downloads_from_the_hub_at_a_pinned_revision_and_trains
     assert json.loads(evaluations[0].read_text())["hellaswag"]["n"] == 8
 
 
-def test_a_tokenize_run_waits_while_a_download_rewrites_the_documents_it_reads(tmp_path):
+def test_a_tokenize_run_waits_while_a_download_rewrites_the_documents_it_reads(server, tmp_path):
     """`prefect deployment run gpt2-tokenize/gpt2-124m` through a real server and worker, its documents from the
     hub replica. While the documents folder's writer lock is held (here by the test, as a download rerun holds it
     while it rewrites the files), a tokenize run waits before reading a document, naming the writer, and leaves
@@ -79,24 +78,20 @@ def test_a_tokenize_run_waits_while_a_download_rewrites_the_documents_it_reads(t
                           *[a for k, v in {**params, **changed}.items() for a in ("--param", f"{k}={v}")])
 
     try:
-        with serving_this_tree(tmp_path, env=env) as server:
-            worker = server.start_worker("hub")
-            try:
-                first = tokenize(server)
-                assert wait_for_final_state(server, first)["state"]["type"] == "COMPLETED"
-                data = server.tree / "artifacts" / "data" / "fineweb10B"
-                documents, shards = (data / "documents").resolve(), data / "shards"
-                before = folder_snapshot(shards)
-                with folder_lock(documents):  # what a download rerun holds while it writes the documents
-                    rerun = tokenize(server, shard_size="4096")
-                    told = f"waiting for the lock: {documents} is being written by pid {os.getpid()}"
-                    state = state_once_logged(server, rerun, told)
-                    assert state == "RUNNING", f"the tokenize run did not wait for the documents' writer: {state}"
-                    assert folder_snapshot(shards) == before
-                assert wait_for_final_state(server, rerun)["state"]["type"] == "COMPLETED"
-                assert folder_snapshot(shards) != before  # 4096 tokens a shard, read once the writer was gone
-            finally:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait()
+        server.worker(env=env)  # its flow runs reach the replica as the hub
+        first = tokenize(server)
+        assert wait_for_final_state(server, first)["state"]["type"] == "COMPLETED"
+        data = server.tree / "artifacts" / "data" / "fineweb10B"
+        documents, shards = (data / "documents").resolve(), data / "shards"
+        before = folder_snapshot(shards)
+        with folder_lock(documents):  # what a download rerun holds while it writes the documents
+            rerun = tokenize(server, shard_size="4096")
+            told = f"waiting for the lock: {documents} is being written by pid {os.getpid()}"
+            state = state_once_logged(server, rerun, told)
+            assert state == "RUNNING", f"the tokenize run did not wait for the documents' writer: {state}"
+            assert folder_snapshot(shards) == before
+        assert wait_for_final_state(server, rerun)["state"]["type"] == "COMPLETED"
+        assert folder_snapshot(shards) != before  # 4096 tokens a shard, read once the writer was gone
     finally:
+        server.stop_worker()  # the next test's worker has the suite's environment
         replica.stop()

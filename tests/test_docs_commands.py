@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port, wait_for
-from tests.test_pipeline_server import stage_states
+from tests.fixtures.processes import free_port
+from tests.fixtures.deployed import stage_states
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -159,13 +159,17 @@ def clone(tmp_path_factory) -> Clone:
             os.killpg(pid, 9)
 
 
-@pytest.fixture
-def kept_server(clone) -> Clone:
-    """The clone with a kept server and worker up, as the docs start them (a quick deployment)."""
+def _keep_server(clone: Clone) -> Clone:
     if not (clone.path / ".prefect" / "env.sh").exists():
         result = clone.bash("KEEP_RUNNING=1 bash scripts/run.sh gpt2-hellaswag/smoke")
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return clone
+
+
+@pytest.fixture
+def kept_server(clone) -> Clone:
+    """The clone with a kept server and worker up, as the docs start them (a quick deployment)."""
+    return _keep_server(clone)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -207,14 +211,27 @@ def test_force_reruns_each_stage_deployment_and_the_others_come_from_cache(kept_
 # a failed run says why, where the user looks
 
 
+FAILURES = {
+    "batch_size=3": "ConfigError: invalid training config:\n  - total_batch_size=128 is not a multiple of "
+                    "batch_size*seq_len*world_size = 3*32*1 = 96",
+    "source=work/mydocs": "SourceNotFound: ",
+}
+
+
+@pytest.fixture(scope="module")
+def failed_runs(clone) -> dict[str, subprocess.CompletedProcess]:
+    """`run.sh` with each bad parameter, all at once on the kept server (as two terminals would)."""
+    _keep_server(clone)
+    with ThreadPoolExecutor(len(FAILURES)) as pool:
+        results = pool.map(lambda param: clone.bash(f"bash scripts/run.sh gpt2-pretrain/smoke --param {param}"),
+                           FAILURES)
+        return dict(zip(FAILURES, results))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("param, cause", [
-    ("batch_size=3", "ConfigError: invalid training config:\n  - total_batch_size=128 is not a multiple of "
-                     "batch_size*seq_len*world_size = 3*32*1 = 96"),
-    ("source=work/mydocs", "SourceNotFound: "),
-])
-def test_a_failed_run_shows_its_cause_on_the_terminal_and_in_its_state_message(kept_server, param, cause):
-    result = kept_server.bash(f"bash scripts/run.sh gpt2-pretrain/smoke --param {param}")
+@pytest.mark.parametrize("param", FAILURES)
+def test_a_failed_run_shows_its_cause_on_the_terminal_and_in_its_state_message(kept_server, failed_runs, param):
+    result, cause = failed_runs[param], FAILURES[param]
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     flow_run_id = _flow_run_id(result.stdout)
     assert cause in result.stdout, result.stdout[-3000:]

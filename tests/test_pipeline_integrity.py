@@ -2,7 +2,7 @@
 (`prefect deployment run ... --param ...`): names stay names and paths stay under `root` (symlinks included),
 one writer per output folder at a time and none while a training run reads it, a failed rebuild deletes nothing, the cache re-verifies completeness
 markers and keys on the world shape, the scheduled scan survives any bad checkpoint, and the leftovers of a
-killed writer are removed at the next start. One server and worker for the module; tests share its artifacts.
+killed writer are removed at the next start. The suite's shared server and worker; tests share its artifacts.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import urllib.request
 from pathlib import Path
 
@@ -20,26 +19,12 @@ import numpy as np
 import pytest
 
 from tests.fixtures.processes import free_port, training_processes, wait_for
-from tests.test_pipeline_server import flow_run, flow_run_logs, serving_this_tree, task_states, wait_for_final_state
+from tests.fixtures.deployed import Started, flow_run, flow_run_logs, start_at_once, task_states, wait_for_final_state
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 HELLASWAG = REPO / "tests" / "fixtures" / "pipeline" / "hellaswag_mini.jsonl"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving_this_tree(tmp_path_factory.mktemp("integrity")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def worker(server):
-    proc = server.start_worker("integrity")
-    yield proc
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def run(server, deployment: str, *params: str, timeout_s: float = 600) -> tuple[str, dict]:
@@ -94,20 +79,21 @@ def trained(server, worker) -> Path:
 # data lost, wrong data trained on, writes outside root
 
 
-def test_a_rebuild_that_fails_deletes_nothing_of_the_dataset(server, worker):
-    completed(server, "gpt2-tokenize/smoke", "dataset=wipe")
-    shards = server.tree / "artifacts" / "data" / "wipe" / "shards"
-    before = folder_snapshot(shards)
-    flow_run_id, state = run(server, "gpt2-tokenize/smoke", "dataset=wipe", "shard_size=1000000000000000000")
-    failure(server, flow_run_id, state)
-    assert folder_snapshot(shards) == before
+GLOBS = ["dataset=sm[o]ke", "dataset=*", "run_name=sm?ke"]
 
 
-@pytest.mark.parametrize("param", ["dataset=sm[o]ke", "dataset=*", "run_name=sm?ke"])
-def test_a_name_that_is_a_glob_pattern_is_refused_before_any_stage(server, worker, param):
-    flow_run_id, state = run(server, "gpt2-tokenize/smoke", param)
+@pytest.fixture(scope="module")
+def glob_runs(server) -> dict[str, Started]:
+    """A run of each name that is a glob pattern, all started at once (each test below checks its own)."""
+    server.worker()
+    return start_at_once(server, {param: ("gpt2-tokenize/smoke", param) for param in GLOBS})
+
+
+@pytest.mark.parametrize("param", GLOBS)
+def test_a_name_that_is_a_glob_pattern_is_refused_before_any_stage(server, worker, glob_runs, param):
+    flow_run_id = glob_runs[param].flow_run_id
     name = param.split("=")[0]
-    assert f"{name} must be a plain name" in failure(server, flow_run_id, state)
+    assert f"{name} must be a plain name" in failure(server, flow_run_id, wait_for_final_state(server, flow_run_id))
     assert task_states(server, flow_run_id) == {}
 
 

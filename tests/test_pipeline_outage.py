@@ -12,76 +12,69 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 import urllib.request
 
 import pytest
 
-from tests.fixtures.processes import free_port, training_processes, wait_for
-from tests.test_pipeline_bounds import task_runs
-from tests.test_pipeline_server import (LONG_TRAINING, PREFECT, Server, _healthy, _wait_until, copy_tree,
-                                        task_states, wait_for_final_state)
+from tests.fixtures.deployed import (serving_this_tree, task_runs, task_states, wait_for_final_state,
+                                     wait_until)
+from tests.fixtures.processes import training_processes, wait_for
 
 pytestmark = pytest.mark.slow
 
-OUTAGE_S = 65  # over a minute: the worker's websocket and polling observers both give up within it
-LONG_OUTAGE_S = 110  # beyond the API client's retries of one request (about a minute)
+# beyond the API client's retries of one request (about a minute), and over the minute in which the worker's
+# websocket and polling cancellation observers both give up
+LONG_OUTAGE_S = 110
 CANCEL_DEADLINE_S = 60
-
-
-class RestartableServer(Server):
-    """A Prefect server on a fixed port and database that can be killed and started again."""
-
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.logs / "server.log", "a") as log:
-            self.proc = subprocess.Popen(
-                [PREFECT, "server", "start", "--host", "127.0.0.1", "--port", self.env["PREFECT_API_URL"].split(":")[-1]
-                 .split("/")[0]], cwd=self.tree, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        _wait_until(lambda: _healthy(self.env["PREFECT_API_URL"]), 180, "the server to answer")
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
 
 
 @pytest.fixture
 def server(tmp_path):
-    tree = copy_tree(tmp_path / "tree")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(tmp_path / "home"), PREFECT_API_URL=f"http://127.0.0.1:{free_port()}/api",
-               PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    (tmp_path / "logs").mkdir()
-    s = RestartableServer(tree, env, tmp_path / "logs")
-    s.start()
-    try:
-        s.prefect("work-pool", "create", "gpt2-local", "--type", "process", "--overwrite")
-        s.prefect("--no-prompt", "deploy", "--all")
+    """A server of this test's own: the test kills it and starts it again on the same database."""
+    with serving_this_tree(tmp_path) as s:
         yield s
-    finally:
-        if s.proc.poll() is None:
-            os.killpg(s.proc.pid, signal.SIGTERM)
-            s.proc.wait(timeout=60)
 
 
-def test_a_cancel_after_a_server_outage_of_over_a_minute_stops_training_and_every_later_stage(server):
+def _progress(server, flow_run_id: str) -> float | None:
+    """The training progress artifact's percent, as the UI shows it."""
+    request = urllib.request.Request(
+        f"{server.env['PREFECT_API_URL']}/artifacts/filter", method="POST",
+        data=json.dumps({"artifacts": {"type": {"any_": ["progress"]}, "flow_run_id": {"any_": [flow_run_id]}}}).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as response:
+        artifacts = json.load(response)
+    return max((float(a["data"]) for a in artifacts if a["key"].startswith("train-progress")), default=None)
+
+
+def test_training_outlasts_a_long_server_outage_and_a_later_cancel_stops_it_and_every_later_stage(server):
+    """With the server away for LONG_OUTAGE_S, training goes on: the same processes, on its first attempt (finding
+    7: the progress update from the training output callback raised ConnectError about 68 s into a 93 s outage,
+    and training was killed). The worker's cancellation observers gave up meanwhile; a cancel afterwards still
+    stops training within CANCEL_DEADLINE_S, no later stage runs, and the run ends Cancelled."""
     worker = server.start_worker("outage")
     try:
-        flow_run_id = server.run("gpt2-pretrain/smoke", "--param", "run_name=outage", *LONG_TRAINING)
-        _wait_until(lambda: len(training_processes("outage")) >= 2, 300, "training to start")
+        # 3000 steps: a whole percent every 30 steps, so progress is sent again and again during the outage, and
+        # training outlasts it even on an idle machine (the run is cancelled once checked)
+        flow_run_id = server.run("gpt2-pretrain/smoke", "--param", "run_name=outage", "--param", "max_steps=3000",
+                                 "--param", "checkpoint_every=0", "--param", "val_every=0")
+        wait_until(lambda: (_progress(server, flow_run_id) or 0) >= 1 and len(training_processes("outage")) >= 2,
+                   600, "training to run and report progress")
+        before = sorted(pid for pid, _ in training_processes("outage"))
+        worker_log = server.logs / "worker-outage.log"
 
         server.kill()
-        time.sleep(OUTAGE_S)
-        assert training_processes("outage"), "training must go on through a server outage"
+        time.sleep(LONG_OUTAGE_S)
+        assert sorted(pid for pid, _ in training_processes("outage")) == before, \
+            f"training was killed (or restarted) during the outage:\n{worker_log.read_text()[-3000:]}"
         server.start()
-        worker_log = server.logs / "worker-outage.log"
+        assert sorted(pid for pid, _ in training_processes("outage")) == before
         assert "Cancellation observer failed" in worker_log.read_text(), "the worker's observers did not give up"
+        train = task_runs(server, flow_run_id)["train"]
+        assert (train["state"]["type"], train["run_count"]) == ("RUNNING", 1), train
 
         started = time.monotonic()
-        server.prefect("flow-run", "cancel", flow_run_id)
+        server.prefect("flow-run", "cancel", flow_run_id)  # what the UI's Cancel button does
         wait_for(lambda: not training_processes("outage"), CANCEL_DEADLINE_S)
         assert training_processes("outage") == [], f"training still runs {CANCEL_DEADLINE_S} s after the cancel"
         assert time.monotonic() - started < CANCEL_DEADLINE_S
@@ -94,45 +87,4 @@ def test_a_cancel_after_a_server_outage_of_over_a_minute_stops_training_and_ever
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
 
-
-def _progress(server, flow_run_id: str) -> float | None:
-    """The training progress artifact's percent, as the UI shows it."""
-    request = urllib.request.Request(
-        f"{server.env['PREFECT_API_URL']}/artifacts/filter", method="POST",
-        data=json.dumps({"artifacts": {"type": {"any_": ["progress"]}, "flow_run_id": {"any_": [flow_run_id]}}}).encode(),
-        headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request) as response:
-        artifacts = json.load(response)
-    return max((float(a["data"]) for a in artifacts), default=None)
-
-
-def test_training_goes_on_through_a_long_server_outage_on_its_first_attempt(server):
-    """Finding 7: with the server away for 93 s, the progress artifact update from the training output callback
-    raised ConnectError about 68 s in, and training was killed."""
-    worker = server.start_worker("outlasts")
-    try:
-        # 3000 steps: a whole percent every 30 steps, so progress is sent again and again during the outage, and
-        # training outlasts it even on an idle machine (the run is cancelled once checked)
-        flow_run_id = server.run("gpt2-train/smoke", "--param", "run_name=outlasts", "--param", "max_steps=3000",
-                                 "--param", "checkpoint_every=0", "--param", "val_every=0")
-        _wait_until(lambda: (_progress(server, flow_run_id) or 0) >= 1 and len(training_processes("outlasts")) >= 2,
-                    600, "training to run and report progress")
-        before = sorted(pid for pid, _ in training_processes("outlasts"))
-        worker_log = server.logs / "worker-outlasts.log"
-
-        server.kill()
-        time.sleep(LONG_OUTAGE_S)
-        assert sorted(pid for pid, _ in training_processes("outlasts")) == before, \
-            f"training was killed (or restarted) during the outage:\n{worker_log.read_text()[-3000:]}"
-        server.start()
-        assert sorted(pid for pid, _ in training_processes("outlasts")) == before
-        train = task_runs(server, flow_run_id)["train"]
-        assert (train["state"]["type"], train["run_count"]) == ("RUNNING", 1), train
-
-        server.prefect("flow-run", "cancel", flow_run_id)
-        wait_for(lambda: not training_processes("outlasts"), CANCEL_DEADLINE_S)
-        assert wait_for_final_state(server, flow_run_id, 120)["state"]["type"] == "CANCELLED"
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
 

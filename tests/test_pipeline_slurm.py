@@ -21,8 +21,7 @@ import torch
 
 from tests.fixtures.processes import free_port, training_processes, wait_for
 from tests.fixtures.slurm import missing_reason, start_cluster
-from tests.test_pipeline_server import (LONG_TRAINING, flow_run_logs, serving_this_tree, task_states,
-                                        wait_for_final_state, worker)  # noqa: F401 (worker: a fixture)
+from tests.fixtures.deployed import LONG_TRAINING, flow_run_logs, task_states, wait_for_final_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))]
 
@@ -38,11 +37,10 @@ def cluster(tmp_path_factory):
     cluster.stop()
 
 
-@pytest.fixture(scope="module")
-def server(cluster, tmp_path_factory):
-    """Server, workers and flow runs reach the cluster as a login node's shell does: through SLURM_CONF."""
-    with serving_this_tree(tmp_path_factory.mktemp("server"), env={"SLURM_CONF": cluster.env["SLURM_CONF"]}) as s:
-        yield s
+@pytest.fixture
+def worker(server, cluster):
+    """The suite's worker, its flow runs reaching the cluster as a login node's shell does: through SLURM_CONF."""
+    return server.worker(env={"SLURM_CONF": cluster.env["SLURM_CONF"]})
 
 
 def start(server, run_name: str, *args: str, slurm: dict | None = None) -> str:
