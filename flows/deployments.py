@@ -1,23 +1,31 @@
-"""Check a deployment name against the server: `python -m flows.deployments FLOW/DEPLOYMENT` (scripts/run.sh).
+"""Check a deployment name against prefect.yaml: `python -m flows.deployments FLOW/DEPLOYMENT` (scripts/run.sh).
 
-Exits 0 when the server holds that deployment; otherwise prints one line that names the closest ones and
+Exits 0 when prefect.yaml defines that deployment; otherwise prints one line that names the closest ones and
 lists every valid name, and exits 2. `prefect deployment run` would print a traceback for a name without a
-`/` and a bare "not found" for a misspelled one.
+`/` and a bare "not found" for a misspelled one. prefect.yaml is what `run.sh` deploys, so the check needs no
+server: a misspelled name is refused before one is started.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import sys
+from pathlib import Path
 
-from prefect.client.orchestration import SyncPrefectClient, get_client
+import yaml
 
 
-def deployment_names(client: SyncPrefectClient) -> list[str]:
-    """Every deployment of the server, as `prefect deployment run` takes it: FLOW/DEPLOYMENT."""
-    flows = {flow.id: flow.name for flow in client.read_flows()}
-    return sorted(f"{flows[d.flow_id]}/{d.name}" for d in client.read_deployments() if d.flow_id in flows)
+def deployment_names(prefect_yaml: str | Path = "prefect.yaml") -> list[str]:
+    """Every deployment `prefect_yaml` defines, as `prefect deployment run` takes it: FLOW/DEPLOYMENT, the flow's
+    name read from the flow its entrypoint (`flows/pipeline.py:train_flow`) names."""
+    names = []
+    for deployment in yaml.safe_load(Path(prefect_yaml).read_text())["deployments"]:
+        path, function = deployment["entrypoint"].split(":")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        names.append(f"{getattr(module, function).name}/{deployment['name']}")
+    return sorted(names)
 
 
 def closest(name: str, names: list[str]) -> list[str]:
@@ -33,15 +41,14 @@ def unknown_deployment(name: str, names: list[str]) -> str | None:
         return None
     guesses = closest(name, names)
     guess = f"did you mean {' or '.join(guesses)}? " if guesses else ""
-    return f'error: no deployment "{name}" on this server; {guess}valid names (FLOW/DEPLOYMENT): {", ".join(names)}'
+    return f'error: no deployment "{name}" in prefect.yaml; {guess}valid names (FLOW/DEPLOYMENT): {", ".join(names)}'
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.deployments", description=__doc__.split("\n\n")[0])
     parser.add_argument("name", help="a deployment name, FLOW/DEPLOYMENT (e.g. gpt2-pretrain/smoke)")
     args = parser.parse_args(argv)
-    with get_client(sync_client=True) as client:
-        error = unknown_deployment(args.name, deployment_names(client))
+    error = unknown_deployment(args.name, deployment_names())
     if error:
         print(error, file=sys.stderr)
         return 2

@@ -32,6 +32,7 @@ DEPLOYMENT=gpt2-pretrain/smoke
 if [ $# -gt 0 ] && [[ $1 != -* ]]; then DEPLOYMENT=$1; shift; fi  # options alone: the default deployment
 
 bash scripts/setup.sh
+.venv/bin/python -m flows.deployments "$DEPLOYMENT" || exit 2  # a misspelled name, before any server starts
 
 export PREFECT_HOME="$PWD/.prefect"  # SQLite database, result cache, logs: all inside the project
 PORT=${PREFECT_PORT:-4200}
@@ -170,7 +171,6 @@ mkdir -p "$PREFECT_HOME/users"
 touch "$PREFECT_HOME/users/$$"
 flock -u 9
 
-"$python" -m flows.deployments "$DEPLOYMENT" || exit 2
 echo "[run] prefect deployment run $DEPLOYMENT $*"
 created=$("${prefect[@]}" deployment run "$DEPLOYMENT" "$@" 2>&1) || {
     echo "$created" >&2
