@@ -29,17 +29,19 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.launch import Rendezvous, Stopped, flow_run_ending, stopped_with_flow_run, torchrun_command
+from tasks.launch import (ChildOutput, Rendezvous, Stopped, flow_run_ending, stopped_with_flow_run,
+                          torchrun_command)
 from tasks.retry import TransientError, child_failure_is_transient
 
 # JobState values after which the job never runs again (a requeued job goes back to PENDING instead)
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                       "BOOT_FAIL", "DEADLINE", "REVOKED"})
+# JobState values that are Slurm's own evidence of a crash (the job's processes did not fail by themselves)
+CRASHED = frozenset({"NODE_FAIL", "PREEMPTED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"})
 # reasons a pending job waits for something that will not come without an administrator (squeue(1), REASONS)
 NEVER_STARTS = frozenset({"BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig",
                           "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
@@ -47,7 +49,6 @@ NEVER_STARTS = frozenset({"BadConstraints", "PartitionNodeLimit", "PartitionTime
 # sbatch errors that say the controller is unreachable for now, not that the job is wrong
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Slurm temporarily unable")
 RDZV_HOST = "$RDZV_HOST"  # the job's first node, resolved by the job script
-TAIL_LINES = 40
 
 
 @dataclass(frozen=True)
@@ -206,11 +207,12 @@ def _slurm(cmd: list[str], env: Mapping[str, str] | None) -> subprocess.Complete
 
 
 class _OutputTail:
-    """Hands each complete line appended to the job's output file to `on_line`, and keeps the last few."""
+    """Hands each complete line appended to the job's output file to `on_line`, and keeps what the lines say
+    about the job's end (tasks.launch.ChildOutput)."""
 
     def __init__(self, path: Path, on_line: Callable[[str], None]):
         self.path, self.on_line, self.offset = path, on_line, 0
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.output = ChildOutput()
 
     def poll(self) -> None:
         try:
@@ -222,7 +224,7 @@ class _OutputTail:
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
         for line in complete.decode(errors="replace").splitlines():
-            self.tail.append(line)
+            self.output.add(line)
             self.on_line(line)
 
 
@@ -265,7 +267,8 @@ def run_job(draft: Path, script: Callable[[str], Path], heartbeat: Path, output:
         raise RuntimeError(message)
     # a crash or a lost node is retried (the new job resumes); an error the job's output names that a rerun
     # would meet again (divergence, a bad shard, a full disk) is not
-    raise (TransientError if child_failure_is_transient("\n".join(tail)) else RuntimeError)(message)
+    transient = info.state in CRASHED or child_failure_is_transient("\n".join(tail))
+    raise (TransientError if transient else RuntimeError)(message)
 
 
 def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSettings) -> tuple[JobInfo, list[str]]:
@@ -284,7 +287,7 @@ def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSe
         unknown_since = None
         if info.state in FINISHED:
             output.poll()
-            return info, list(output.tail)
+            return info, output.output.said()
         if info.state == "PENDING" and info.reason in NEVER_STARTS:
             raise SlurmRefused(f"Slurm job {job.job_id} cannot start: {info.reason} (scontrol show job {job.job_id})")
         time.sleep(settings.poll_s)
