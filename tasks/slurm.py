@@ -30,9 +30,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.bounds import text_problem
 from tasks.launch import (ChildOutput, Rendezvous, Stopped, flow_run_ending, stopped_with_flow_run,
                           torchrun_command)
 from tasks.retry import TransientError, child_failure_is_transient
@@ -49,6 +50,7 @@ NEVER_STARTS = frozenset({"BadConstraints", "PartitionNodeLimit", "PartitionTime
 # sbatch errors that say the controller is unreachable for now, not that the job is wrong
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Slurm temporarily unable")
 RDZV_HOST = "$RDZV_HOST"  # the job's first node, resolved by the job script
+JOB_NAME_MAX_BYTES = 255  # Slurm's accounting database keeps a job's name as a MySQL tinytext
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,8 @@ class SlurmSettings:
     tasks_per_node: int = 1  # torchrun launchers per node: 1; more only to try several "nodes" on one host
     rdzv_port: int = 29400  # the c10d rendezvous port on the first node
     sbatch_options: tuple[str, ...] = ()  # more sbatch options, e.g. ["--qos=high", "--exclusive"]
-    setup: str = ""  # shell lines run on the first node before training, e.g. "module load cuda/12.4"
+    setup: str = field(default="", metadata={"multiline": True})  # shell lines run on the first node before
+    # training, e.g. "module load cuda/12.4"; written into the job script as they are
     python: str | None = None  # the interpreter on the nodes; default: the worker's own (shared filesystem)
     heartbeat_timeout_s: float = 300.0  # the job cancels itself when the task has been gone this long
     poll_s: float = 2.0  # how often the task looks at the job's state and output
@@ -115,10 +118,20 @@ class SlurmJobRecord:
     output: str  # the job's output (every node's torchrun and ranks)
 
 
+def job_name(run_name: str, run_id: str) -> str:
+    """The Slurm job's name: the run's name and id, so that squeue and sacct say whose job it is."""
+    return f"gpt2-{run_name}-{run_id}"
+
+
 def job_script(settings: SlurmSettings, train_args: list[str], nproc: int, run_id: str, max_restarts: int,
                output: str, heartbeat: Path, job_name: str, workdir: Path) -> str:
     """The sbatch script: resources as #SBATCH lines, the setup, the heartbeat watchdog, one srun task per node
-    running torchrun with c10d rendezvous on the first node (rendezvous id: the run's id)."""
+    running torchrun with c10d rendezvous on the first node (rendezvous id: the run's id).
+
+    Every value is written quoted (`shlex.quote`) but integers and the setup, which is shell lines by design.
+    An #SBATCH line is a comment to the shell, which no quote carries past a newline: an option holding a
+    control character is refused (ValueError naming it), since its next line would run as a command.
+    """
     options = [f"--job-name={job_name}", f"--nodes={settings.nodes}", f"--ntasks-per-node={settings.tasks_per_node}",
                f"--chdir={workdir}", f"--output={output}", "--open-mode=append", "--requeue"]
     options += [f"--{name}={value}" for name, value in (("partition", settings.partition), ("account", settings.account),
@@ -126,6 +139,8 @@ def job_script(settings: SlurmSettings, train_args: list[str], nproc: int, run_i
     if settings.gpus_per_node:
         options.append(f"--gpus-per-node={settings.gpus_per_node}")
     options += settings.sbatch_options
+    if problems := [p for option in options if (p := text_problem("a Slurm option", option))]:
+        raise ValueError("; ".join(problems))
     rendezvous = Rendezvous(nnodes=settings.launchers, rdzv_endpoint=f"{RDZV_HOST}:{settings.rdzv_port}",
                             rdzv_id=run_id, max_restarts=max_restarts)
     command = torchrun_command("gpt2.train", train_args, nproc, rendezvous, python=settings.python or sys.executable)
