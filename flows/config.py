@@ -32,8 +32,8 @@ from data.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_num_workers, c
 from gpt2.train_config import WIRED_FIELDS, TrainConfig
 from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
-from tasks.slurm import JOB_NAME_MAX_BYTES, SlurmSettings, job_name
-from tasks.train import RUN_ID_LENGTH
+from tasks.slurm import JOB_NAME_MAX_BYTES, SlurmSettings, job_name_for
+from tasks.train import RUN_ID_LENGTH, world_shape
 
 
 class _PipelineFields(BaseModel):
@@ -167,7 +167,7 @@ def longest_derived_names(setting: str, name: str) -> list[tuple[str, int]]:
     if setting == "dataset":  # data/<dataset>/, and a shard being written (any index to 999999 is as long as 1)
         return [(name, NAME_MAX_BYTES), (temporary_name(shard_filename(name, 1), PID_MAX_LIMIT), NAME_MAX_BYTES)]
     # runs/<run_name>/, and the Slurm job that trains one of its runs
-    return [(name, NAME_MAX_BYTES), (job_name(name, "0" * RUN_ID_LENGTH), JOB_NAME_MAX_BYTES)]
+    return [(name, NAME_MAX_BYTES), (job_name_for(name, "0" * RUN_ID_LENGTH), JOB_NAME_MAX_BYTES)]
 
 
 def _check_derived_names(setting: str, name: str) -> None:
@@ -278,8 +278,6 @@ def _check_training(settings: PipelineSettings) -> None:
     stages run): the train stage checks them again with the real files.
     """
     from gpt2.train_config import validate_train_settings
-
-    from tasks.train import world_shape
 
     # the HellaSwag file's path is not known yet; only whether there is one matters (the vocabulary check)
     hellaswag = str(settings.hellaswag_dir) if settings.hellaswag_source else None

@@ -118,7 +118,7 @@ class SlurmJobRecord:
     output: str  # the job's output (every node's torchrun and ranks)
 
 
-def job_name(run_name: str, run_id: str) -> str:
+def job_name_for(run_name: str, run_id: str) -> str:
     """The Slurm job's name: the run's name and id, so that squeue and sacct say whose job it is."""
     return f"gpt2-{run_name}-{run_id}"
 

@@ -32,7 +32,7 @@ from tasks.cancel_watch import watch_for_cancellation
 from tasks.launch import Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
 from tasks.retry import best_effort, retry_if_transient
-from tasks.slurm import SlurmJobRecord, SlurmSettings, job_name, job_script, run_job
+from tasks.slurm import SlurmJobRecord, SlurmSettings, job_name_for, job_script, run_job
 from tasks.tokenize import ShardsRecord
 
 if TYPE_CHECKING:
@@ -210,7 +210,7 @@ def _run_slurm_job(run_dir: RunDir, run_id: str, train_args: list[str], nproc: i
     """Write the run's job script and run it as one Slurm job (tasks.slurm.run_job), which keeps it as
     slurm/job-<id>.sh once Slurm has taken it."""
     script = job_script(slurm, train_args, nproc, run_id, max_restarts, str(run_dir.slurm_output("%j")),
-                        run_dir.slurm_heartbeat, job_name(run_dir.root.parent.name, run_id), Path.cwd())
+                        run_dir.slurm_heartbeat, job_name_for(run_dir.root.parent.name, run_id), Path.cwd())
     run_dir.slurm.mkdir(exist_ok=True)
     draft = run_dir.slurm / f"job.{os.getpid()}.sh.tmp"
     draft.write_text(script)
