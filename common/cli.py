@@ -8,11 +8,22 @@ command line (or GPT2_DEBUG=1 in the environment) shows it instead. No prefect i
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 DEBUG_FLAG = "--debug"
+ERROR_PREFIX = "error: "
+# the line `run_cli` ends a process with: `error: Type: message` (a bare `error: message` is a refusal of our own)
+_ERROR_LINE = re.compile(rf"{ERROR_PREFIX}(?:(?P<type>[A-Za-z_]\w*): )?")
+
+
+def error_line_type(line: str) -> str | None:
+    """For a line that ends one of our processes (`error: Type: message`): the exception's type name, or "" for
+    a bare `error: message`; None for any other line. How a launcher tells what its child failed of."""
+    found = _ERROR_LINE.match(line)
+    return None if found is None else found.group("type") or ""
 
 
 def run_cli(main: Callable[[list[str]], object]) -> NoReturn:
@@ -27,5 +38,5 @@ def run_cli(main: Callable[[list[str]], object]) -> NoReturn:
     except Exception as e:
         if debug:
             raise
-        sys.exit(f"error: {type(e).__name__}: {e}")
+        sys.exit(f"{ERROR_PREFIX}{type(e).__name__}: {e}")
     sys.exit(0)

@@ -62,6 +62,14 @@ def naming_disk_full(path: str | os.PathLike, needed: int | Callable[[], int]) -
         raise
 
 
+PID_MAX_LIMIT = 2**22  # the largest pid Linux hands out (the ceiling of kernel.pid_max on 64-bit): 7 digits
+
+
+def temporary_name(name: str, pid: int | None = None) -> str:
+    """The name `atomic_path` writes `name` under until it is complete (this process's pid by default)."""
+    return f"{name}.{os.getpid() if pid is None else pid}.tmp"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it to `path`, on error delete it.
@@ -70,7 +78,7 @@ def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Pa
     raises DiskFull naming `path` and `size` (the bytes to be written; unknown: what was written until then).
     """
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(temporary_name(path.name))
     written = size
     with naming_disk_full(path, lambda: written or 0):  # outside the clean-up: the free space it reports is real
         try:

@@ -14,6 +14,10 @@ same lock shared (`folder_read_lock`): readers do not exclude each other, a writ
 is done, and a reader waits for a writer, so a stage rerun with force=true never rewrites files a training
 run is reading. Each reader also holds a file of its own in `LOCK.readers/`, which is how a waiting writer
 names it.
+
+The LOCK file is only ever opened for writing as a regular file with one link (`_hold_lock_file`, which every
+taker goes through): a hard or symbolic link planted under that name, or a FIFO, is replaced by a new empty
+file renamed over it, so the file it leads to is never written.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -52,10 +57,8 @@ def folder_lock(folder: str | os.PathLike, wait: bool = False, on_wait: Callable
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    lock_file = folder / LOCK_FILE
-    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # a planted link is an error, not followed
+    fd = _hold_lock_file(folder, fcntl.LOCK_EX, wait, on_wait)
     try:
-        _acquire(fd, fcntl.LOCK_EX, folder, lock_file, wait, on_wait)
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_me()).encode(), 0)
         shutil.rmtree(folder / READERS, ignore_errors=True)  # no reader holds the lock now: all of them are gone
@@ -76,19 +79,19 @@ def folder_read_lock(folder: str | os.PathLike, on_wait: Callable[[str], None] |
     protect: the block runs without a lock (and the reader's own checks report a missing file).
     """
     folder = Path(folder)
-    lock_file = folder / LOCK_FILE
     try:
-        fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = _hold_lock_file(folder, fcntl.LOCK_SH, wait=True, on_wait=on_wait)
     except OSError as e:
         if e.errno not in (errno.EROFS, errno.EACCES, errno.ENOENT):
             raise
+        fd = None
+    if fd is None:
         yield folder
         return
     try:
-        _acquire(fd, fcntl.LOCK_SH, folder, lock_file, wait=True, on_wait=on_wait)
         (folder / READERS).mkdir(exist_ok=True)
         me = folder / READERS / f"{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        reader_fd = os.open(me, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        reader_fd = os.open(me, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # a new file, never a link
         try:
             fcntl.flock(reader_fd, fcntl.LOCK_EX)  # alive while held: how a writer tells it from a killed reader's
             os.pwrite(reader_fd, json.dumps(_me()).encode(), 0)
@@ -98,6 +101,86 @@ def folder_read_lock(folder: str | os.PathLike, on_wait: Callable[[str], None] |
             os.close(reader_fd)
     finally:
         os.close(fd)
+
+
+def _hold_lock_file(folder: Path, mode: int, wait: bool, on_wait: Callable[[str], None] | None) -> int:
+    """A descriptor of `folder`'s LOCK holding its flock in `mode` (LOCK_EX or LOCK_SH), waiting or refused as
+    `_acquire` says; the file is, once held, a regular file with one link, still under the name LOCK.
+
+    Anything else under that name is replaced by a new empty file (`_replace_lock_file`): a symbolic link or a
+    FIFO at once (no writer can hold one), a hard link once its lock is held exclusively, because it may be
+    the lock a writer holds that someone linked elsewhere since: replaced under that writer, it would let a
+    second writer in. A taker that finds its file replaced while it waited lets it go and takes the new one.
+    """
+    lock_file = folder / LOCK_FILE
+    while True:
+        fd = _open_lock_file(lock_file)
+        if fd is None:
+            _replace_lock_file(lock_file)
+            continue
+        try:
+            plain = _is_lock_file(os.fstat(fd))
+            _acquire(fd, mode if plain else fcntl.LOCK_EX, folder, lock_file, wait, on_wait)
+            if _still_named(lock_file, fd):
+                if _is_lock_file(os.fstat(fd)):
+                    return fd
+                if not plain:  # held exclusively: whoever held it has finished
+                    _replace_lock_file(lock_file)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # replaced, or linked elsewhere while held shared: take what is under the name now
+
+
+def _open_lock_file(lock_file: Path) -> int | None:
+    """`lock_file` opened for reading and writing (created if missing), never through a symbolic link; None
+    where the name holds what no writer can hold: a symbolic link, a FIFO or device, or a hard link to a
+    file this process may not write. A directory there is refused, naming it."""
+    try:
+        found = os.lstat(lock_file)
+    except FileNotFoundError:
+        found = None
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        raise IsADirectoryError(errno.EISDIR, f"{lock_file} is a directory, not a lock file; remove it (the folder's "
+                                "writers create their lock file there)", str(lock_file))
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        return None
+    try:
+        return os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symbolic link planted since the lstat
+            return None
+        if e.errno in (errno.EACCES, errno.EPERM) and found is not None and found.st_nlink > 1:
+            return None
+        raise
+
+
+def _is_lock_file(found: os.stat_result) -> bool:
+    """A regular file with one link: writing it changes no other file."""
+    return stat.S_ISREG(found.st_mode) and found.st_nlink == 1
+
+
+def _still_named(lock_file: Path, fd: int) -> bool:
+    """Whether `lock_file` still names the file open as `fd` (not replaced, removed or renamed meanwhile)."""
+    try:
+        named = os.lstat(lock_file)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _replace_lock_file(lock_file: Path) -> None:
+    """Rename a new empty file over `lock_file`: whatever was there leaves the name, and what it led to is
+    neither opened nor written. The new file is made beside it (a `*.tmp` name, removed by the next holder if
+    this process dies before the rename)."""
+    new = lock_file.with_name(f"{lock_file.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    os.close(os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    try:
+        os.replace(new, lock_file)
+    except BaseException:
+        new.unlink(missing_ok=True)
+        raise
 
 
 def _acquire(fd: int, mode: int, folder: Path, lock_file: Path, wait: bool,

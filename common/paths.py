@@ -2,7 +2,10 @@
 through here.
 
 - A name from settings (a run name, a dataset name) is one path component and nothing else (`check_name`):
-  no separator, not `.` or `..`, no glob metacharacters (a name is never a pattern), at most NAME_MAX bytes.
+  no separator, not `.` or `..`, no glob metacharacters (a name is never a pattern), no control character
+  (common.bounds: a newline would split the log lines and scripts that name it), at most NAME_MAX bytes.
+  The settings check bounds a name further by the longest name a stage derives from it
+  (`flows.config.longest_derived_names`).
 - `under(root, *names)` joins names under `root` and resolves the result, symlinks at every level included;
   a path that resolves outside the resolved root is refused (PathOutsideRoot). `root` itself may be a link:
   the user chose it.
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from common.bounds import control_characters
 
 GLOB_CHARACTERS = frozenset("*?[]")  # a name holding any of them would select other folders' files in a glob
 NAME_MAX_BYTES = 255  # the longest file name Linux filesystems take (NAME_MAX)
@@ -33,12 +38,13 @@ def check_name(value: str, what: str) -> str:
     the output somewhere else, and a glob character would make the stages that list files by pattern pick
     up other names' files.
     """
-    if (not value or value in (".", "..") or any(c in value for c in "/\\\0")
-            or GLOB_CHARACTERS.intersection(value) or len(value.encode()) > NAME_MAX_BYTES):
+    if (not value or value in (".", "..") or any(c in value for c in "/\\")
+            or GLOB_CHARACTERS.intersection(value) or control_characters(value)
+            or len(value.encode()) > NAME_MAX_BYTES):
         raise ValueError(
             f"{what} must be a plain name (no '/', no '..', not absolute, not empty, none of "
-            f"{' '.join(sorted(GLOB_CHARACTERS))}, at most {NAME_MAX_BYTES} bytes): it becomes a folder or file "
-            f"name under the output folder; got {value!r}")
+            f"{' '.join(sorted(GLOB_CHARACTERS))}, no control character, at most {NAME_MAX_BYTES} bytes): it "
+            f"becomes a folder or file name under the output folder; got {value!r}")
     return value
 
 

@@ -23,14 +23,17 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, field_validator
 
-from common.paths import check_name, under
+from common.bounds import value_problem
+from common.files import PID_MAX_LIMIT, temporary_name
+from common.paths import NAME_MAX_BYTES, check_name, under
 
 from data.hellaswag import HELLASWAG_VAL_URL
-from data.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_num_workers, check_shard_size
+from data.shards import DEFAULT_SHARD_SIZE, MAX_SHARD_SIZE, check_num_workers, check_shard_size, shard_filename
 from gpt2.train_config import WIRED_FIELDS, TrainConfig
 from tasks.evaluate import EvalSettings
 from tasks.launch import Rendezvous
-from tasks.slurm import SlurmSettings
+from tasks.slurm import JOB_NAME_MAX_BYTES, SlurmSettings, job_name_for
+from tasks.train import RUN_ID_LENGTH, world_shape
 
 
 class _PipelineFields(BaseModel):
@@ -75,8 +78,11 @@ class _PipelineFields(BaseModel):
     @field_validator("run_name", "dataset")
     @classmethod
     def _a_name_not_a_path(cls, value: str, info: Any) -> str:
-        """Names become folder names under `root`: refuse anything that would climb out of it."""
-        return check_name(value, info.field_name)
+        """Names become folder and file names under `root`: refuse anything that would climb out of it, and a
+        name whose longest derived name a stage could not make."""
+        check_name(value, info.field_name)
+        _check_derived_names(info.field_name, value)
+        return value
 
     @field_validator("shard_size")
     @classmethod
@@ -154,6 +160,27 @@ OUTPUT_FOLDERS = {"documents_dir": "dataset", "shards_dir": "dataset", "hellaswa
                   "init_dir": "model", "runs_dir": "run_name"}
 
 
+def longest_derived_names(setting: str, name: str) -> list[tuple[str, int]]:
+    """The names the stages make of `name` given as `setting` (run_name or dataset), each at its longest, with
+    the most bytes it may have. A stage that derives a new name from either adds it here; the bound on the
+    setting follows (`_check_derived_names`)."""
+    if setting == "dataset":  # data/<dataset>/, and a shard being written (any index to 999999 is as long as 1)
+        return [(name, NAME_MAX_BYTES), (temporary_name(shard_filename(name, 1), PID_MAX_LIMIT), NAME_MAX_BYTES)]
+    # runs/<run_name>/, and the Slurm job that trains one of its runs
+    return [(name, NAME_MAX_BYTES), (job_name_for(name, "0" * RUN_ID_LENGTH), JOB_NAME_MAX_BYTES)]
+
+
+def _check_derived_names(setting: str, name: str) -> None:
+    """ValueError naming `setting`, the longest name it allows and the derived name that does not fit."""
+    size = len(name.encode())
+    for derived, limit in longest_derived_names(setting, name):
+        if len(derived.encode()) > limit:
+            allowed = limit - (len(derived.encode()) - size)
+            raise ValueError(f"{setting} may have at most {allowed} bytes, got {size}: the stages make "
+                             f"{derived.replace(name, f'<{setting}>', 1)!r} of it, {len(derived.encode())} bytes, "
+                             f"more than the {limit} it may have; choose a shorter {setting}")
+
+
 def _slug(text: str) -> str:
     """`text` as a folder name: runs of anything but letters and digits become one dash."""
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
@@ -205,9 +232,31 @@ def check_settings(parameters: dict[str, Any]) -> PipelineSettings:
     except ValidationError as e:
         problems = [f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})" for err in e.errors()]
         raise SettingsError("invalid pipeline settings:\n  - " + "\n  - ".join(problems)) from None
+    _check_values(settings)
     _check_output_folders(settings)
     _check_training(settings)
     return settings
+
+
+def _check_values(settings: PipelineSettings) -> None:
+    """Every value of the pipeline's own settings, nested ones and lists included, within common.bounds: text
+    without control characters (the Slurm setup's shell lines may span lines), integers within int64, floats
+    finite. The training settings are gpt2.train_config.validate's (`_check_training`), with their own types."""
+    problems = [problem for name in _PipelineFields.model_fields for problem in _problems(name, getattr(settings, name))]
+    if problems:
+        raise SettingsError("invalid pipeline settings:\n  - " + "\n  - ".join(problems))
+
+
+def _problems(name: str, value: Any, multiline: bool = False) -> list[str]:
+    """common.bounds' verdict on `value` and on every value inside it (a nested setting's fields, a list's items),
+    each named by its path (`slurm.sbatch_options[1]`)."""
+    if dataclasses.is_dataclass(value):
+        return [problem for f in dataclasses.fields(value)
+                for problem in _problems(f"{name}.{f.name}", getattr(value, f.name), f.metadata.get("multiline", False))]
+    if isinstance(value, (list, tuple)):
+        return [problem for i, item in enumerate(value) for problem in _problems(f"{name}[{i}]", item)]
+    problem = value_problem(name, value, multiline=multiline)
+    return [problem] if problem else []
 
 
 def _check_output_folders(settings: PipelineSettings) -> None:
@@ -229,8 +278,6 @@ def _check_training(settings: PipelineSettings) -> None:
     stages run): the train stage checks them again with the real files.
     """
     from gpt2.train_config import validate_train_settings
-
-    from tasks.train import world_shape
 
     # the HellaSwag file's path is not known yet; only whether there is one matters (the vocabulary check)
     hellaswag = str(settings.hellaswag_dir) if settings.hellaswag_source else None

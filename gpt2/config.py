@@ -6,6 +6,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from common.bounds import number_problem
+
 VOCAB_SIZE = 50257
 
 
@@ -43,6 +45,8 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size", "padded_vocab_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
+            if problem := number_problem(name, getattr(self, name), "int32"):  # llm.c's model file header
+                raise ValueError(f"GPTConfig.{problem} (llm.c's model file header stores it)")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.padded_vocab_size < self.vocab_size:

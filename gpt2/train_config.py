@@ -12,13 +12,13 @@ import dataclasses
 import difflib
 import glob
 import json
-import math
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from common.bounds import FLOAT_MAX, number_problem, value_problem
 from common.limits import gigabytes, physical_memory
 from data.loader import ORDERS
 from gpt2.config import VOCAB_SIZE, GPTConfig, parse_model_spec
@@ -28,16 +28,16 @@ LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
 # the fields a pipeline fills in from its own parameters and stages, never from its training settings
 WIRED_FIELDS = ("model", "seed", "train_data", "val_data", "hellaswag", "out_dir", "init_from")
 MODEL_FILE_DTYPES = ("float32", "bfloat16")
-SEED_RANGE = (0, 2**64 - 1)  # what torch.manual_seed takes (llm.c's mt19937 uses its low 32 bits)
-INT64_RANGE = (-(2**63), 2**63 - 1)  # what torch and numpy take: every other integer setting lies within it
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message says which field and what to change."""
 
 
-def _opt(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _opt(default: Any, help: str, held_in: str | None = None, multiline: bool = False) -> Any:
+    """A field with its help; `held_in`: the type its value is used in, when narrower than int64 / float64 (the
+    bound `validate` checks, common.bounds); `multiline`: text that may hold newlines and tabs."""
+    return field(default=default, metadata={"help": help, "held_in": held_in, "multiline": multiline})
 
 
 @dataclass
@@ -48,7 +48,8 @@ class TrainConfig:
         "model descriptor (d6 d12 d24 d36 d48 gpt3:c768 ...) or explicit shape "
         "'n_layer=2,n_head=2,n_embd=64,block_size=64,vocab_size=256'",
     )
-    seed: int = _opt(42, "seed of the weight init (PyTorch RNG order), of the llmc train order and of sampling")
+    seed: int = _opt(42, "seed of the weight init (PyTorch RNG order), of the llmc train order and of sampling",
+                     held_in="uint64")  # what torch.manual_seed takes (llm.c's mt19937 uses its low 32 bits)
     init_from: str | None = _opt(
         None,
         "weights to start from when out_dir has no checkpoint to resume: one of our checkpoints, an llm.c "
@@ -74,15 +75,15 @@ class TrainConfig:
     total_batch_size: int = _opt(524288, "tokens per optimizer step; a multiple of B*T*world_size")
     max_steps: int = _opt(18865, "optimizer steps (18865 x 524288 tokens = 10B tokens)")
     # optimizer and schedule
-    lr: float = _opt(6e-4, "peak learning rate")
+    lr: float = _opt(6e-4, "peak learning rate", held_in="float32")  # AdamW's scalars meet float32 tensors
     lr_schedule: str = _opt("cosine", f"shape after warmup: {', '.join(LR_SCHEDULES)}")
     warmup_steps: int = _opt(700, "linear warmup steps")
     final_lr_frac: float = _opt(0.0, "learning rate at the last step as a fraction of lr")
     decay_frac: float = _opt(0.2, "wsd only: fraction of all steps spent in the final decay")
-    weight_decay: float = _opt(0.1, "AdamW weight decay, applied to 2-D tensors only")
-    beta1: float = _opt(0.9, "AdamW beta1")
-    beta2: float = _opt(0.95, "AdamW beta2")
-    eps: float = _opt(1e-8, "AdamW epsilon")
+    weight_decay: float = _opt(0.1, "AdamW weight decay, applied to 2-D tensors only", held_in="float32")
+    beta1: float = _opt(0.9, "AdamW beta1", held_in="float32")
+    beta2: float = _opt(0.95, "AdamW beta2", held_in="float32")
+    eps: float = _opt(1e-8, "AdamW epsilon", held_in="float32")
     grad_clip: float = _opt(1.0, "clip the global grad norm to this; 0 disables clipping")
     # evaluation
     val_every: int = _opt(250, "val loss every N steps and at the end; 0 disables")
@@ -90,7 +91,8 @@ class TrainConfig:
     hellaswag_every: int = _opt(250, "HellaSwag every N steps and at the end (needs --hellaswag); 0 disables")
     sample_every: int = _opt(250, "print a text sample every N steps and at the end; 0 disables")
     sample_tokens: int = _opt(64, "tokens generated per sample")
-    sample_prompt: str = _opt("Hello, I'm a language model,", "fixed prompt of the samples (top-k 50)")
+    sample_prompt: str = _opt("Hello, I'm a language model,", "fixed prompt of the samples (top-k 50)",
+                              multiline=True)
     # checkpoints
     checkpoint_every: int = _opt(1000, "checkpoint every N steps and at the end; 0: only at the end")
     keep_last: int = _opt(3, "complete checkpoints kept; older ones are deleted (step 0 is always kept)")
@@ -246,7 +248,7 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
-    problems += _number_problems(config)
+    problems += _value_problems(config)
     positive = ("batch_size", "seq_len", "total_batch_size", "max_steps", "val_steps", "keep_last", "guard_window",
                 "max_bad_steps", "log_every", "sample_tokens", "eps")
     non_negative = ("warmup_steps", "val_every", "hellaswag_every", "sample_every", "checkpoint_every", "lr",
@@ -295,19 +297,27 @@ def validate(config: TrainConfig, world_size: int = 1, check_inputs: bool = True
     return model
 
 
-def _number_problems(config: TrainConfig) -> list[str]:
-    """Numbers the code below them cannot take: NaN or infinite floats, integers beyond int64, a seed torch
-    refuses. Checked for every field, so a field added later is bounded too."""
-    problems = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{f.name} must be a finite number, got {value}")
-        elif isinstance(value, int) and not isinstance(value, bool):
-            low, high = SEED_RANGE if f.name == "seed" else INT64_RANGE
-            if not low <= value <= high:
-                problems.append(f"{f.name}={value} is out of range: it must lie in [{low}, {high}]")
-    return problems
+def _value_problems(config: TrainConfig) -> list[str]:
+    """Values the code below them cannot take (common.bounds): text with control characters (a prompt may
+    span lines), NaN or infinite floats, numbers beyond the type they are used in (int64 unless a field says
+    narrower: the seed within what torch.manual_seed takes, AdamW's hyperparameters within float32), and
+    AdamW's first step size. Checked for every field, so a field added later is bounded too."""
+    problems = [problem for f in dataclasses.fields(config)
+                if (problem := value_problem(f.name, getattr(config, f.name), f.metadata["held_in"],
+                                             f.metadata["multiline"]))]
+    return problems + _adamw_step_problems(config)
+
+
+def _adamw_step_problems(config: TrainConfig) -> list[str]:
+    """AdamW scales its first update by lr / (1 - beta1) (bias correction; later steps by less), a scalar it
+    applies to float32 tensors: beyond float32, every attempt fails as it does for an lr beyond float32."""
+    if not 0 <= config.beta1 < 1 or number_problem("lr", config.lr, "float32"):
+        return []  # each reported on its own
+    step = config.lr / (1 - config.beta1)
+    if number_problem("step", step, "float32") is None:
+        return []
+    return [f"lr / (1 - beta1) = {config.lr} / (1 - {config.beta1}) = {step:.4g}, AdamW's first step size, is "
+            f"beyond float32, the type it is used in (largest {FLOAT_MAX['float32']:.7g}); lower lr or beta1"]
 
 
 def _memory_problems(config: TrainConfig, model: GPTConfig) -> list[str]:

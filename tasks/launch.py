@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from common.cli import error_line_type
+
 KILL_GRACE_S = 15.0  # torchrun forwards SIGTERM to its workers and waits for them; give it time
 TAIL_LINES = 40  # output lines quoted in the error of a failed command
 POLL_S = 0.2  # how often the waiting thread wakes up (exceptions Prefect injects land between waits)
@@ -39,12 +41,35 @@ _running_lock = threading.Lock()
 _stopping = threading.Event()  # set once this process's flow run is being torn down
 
 
-class CommandFailed(RuntimeError):
-    """The command exited non-zero; the message holds its last output lines."""
+ERROR_LINES = 8  # a child's own error lines kept (one per rank that failed, a few ranks)
 
-    def __init__(self, cmd: Sequence[str], returncode: int, tail: Sequence[str]):
+
+class ChildOutput:
+    """What a child's output says about its end: its last lines, and the error lines it ended with (`error:
+    Type: message`, common.cli) however much followed them (torchrun's report of a failure is longer than
+    the tail)."""
+
+    def __init__(self) -> None:
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.errors: deque[str] = deque(maxlen=ERROR_LINES)
+
+    def add(self, line: str) -> None:
+        self.tail.append(line)
+        if error_line_type(line) is not None:
+            self.errors.append(line)
+
+    def said(self) -> list[str]:
+        """The error lines that left the tail, then the tail: what a failure message quotes and the retry
+        policy reads."""
+        return [line for line in self.errors if line not in self.tail] + list(self.tail)
+
+
+class CommandFailed(RuntimeError):
+    """The command exited non-zero; the message holds its own error lines and its last output lines."""
+
+    def __init__(self, cmd: Sequence[str], returncode: int, said: Sequence[str]):
         self.returncode = returncode
-        lines = "\n".join(tail)
+        lines = "\n".join(said)
         super().__init__(f"{' '.join(cmd)} exited with code {returncode}; last output:\n{lines}")
 
 
@@ -167,7 +192,7 @@ def run_streaming(
     )  # fmt: skip
     with _running_lock:
         _running.add(proc)
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    output = ChildOutput()
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True, name="output-pump").start()
     try:
@@ -178,7 +203,7 @@ def run_streaming(
                 continue
             if line is None:
                 break
-            tail.append(line)
+            output.add(line)
             on_line(line)
         returncode = proc.wait()
     except BaseException:
@@ -192,7 +217,7 @@ def run_streaming(
         _kill_group(proc, grace_s=1.0)
         if _stopping.is_set():
             raise Stopped(f"{' '.join(cmd)} was stopped because its flow run is ending")
-        raise CommandFailed(cmd, returncode, tail)
+        raise CommandFailed(cmd, returncode, output.said())
 
 
 @contextmanager

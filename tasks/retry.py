@@ -6,9 +6,13 @@ Everything else fails the same way every time, so retrying only delays the error
 input or shard, a diverged run, a full or read-only disk, a name too long for the filesystem, a missing
 file. Those surface at once with their own message.
 
-`is_transient` decides for an exception raised in this process; a failed child process (`CommandFailed`) is
-judged by the error its last output lines name. Work that only reports to the server (progress, summaries)
-goes through `best_effort`, so an outage of any length never fails it.
+`is_transient` decides for an exception raised in this process. A failed child process (`CommandFailed`, a
+Slurm job) is judged on evidence, by `child_failure_is_transient`: a child of ours that ended with its own
+error line (`error: Type: message`, common.cli) failed of that error, which a rerun meets again, unless the
+type is one this policy names as transient (the network, a lost peer, a rendezvous timeout); a child that
+died without saying (a signal: the OOM killer, a lost node, NCCL's watchdog) crashed, and is retried. Work
+that only reports to the server (progress, summaries) goes through `best_effort`, so an outage of any length
+never fails it.
 """
 
 from __future__ import annotations
@@ -21,11 +25,22 @@ from typing import Any, TypeVar
 from prefect.task_engine import TaskRunTimeoutError
 from prefect.tasks import exponential_backoff
 
+from common.cli import error_line_type
 from common.network import NETWORK_ERRNOS, is_transient_network_error
 from tasks.launch import CommandFailed
 
-# errors a child process (gpt2.train, ...) may end with that a rerun would meet again, by class name: the
-# child's traceback names them, qualified (`gpt2.guard.TrainingDivergedError: ...`)
+# the errors a child's own error line may name that may pass on a rerun, by type name: the network (Python's and
+# the HTTP clients'), a peer or the rendezvous store lost or timed out (torch.distributed's DistError family)
+TRANSIENT_CHILD_ERRORS = frozenset({
+    "TransientError", "ConnectionError", "ConnectionResetError", "ConnectionAbortedError", "ConnectionRefusedError",
+    "BrokenPipeError", "TimeoutError", "ConnectError", "ReadTimeout", "WriteTimeout", "ConnectTimeout",
+    "PoolTimeout", "RemoteProtocolError", "ReadError", "WriteError", "DistNetworkError", "DistStoreError",
+    "DistBackendError",
+})  # fmt: skip
+# what torch's gloo transport raises, as a plain RuntimeError, when another rank's machine or process goes away
+LOST_PEER_MESSAGES = ("Connection closed by peer", "Connection reset by peer")
+# errors a child may name in a traceback (no error line of ours: `--debug`, a crash outside run_cli) that a
+# rerun would meet again, by class name, qualified or not (`gpt2.guard.TrainingDivergedError: ...`)
 DETERMINISTIC_CHILD_ERRORS = ("DiskFull", "CheckpointError", "ConfigError", "TrainingDivergedError", "ShardError",
                               "EvalFileError")
 _ERRNO_IN_OUTPUT = re.compile(r"\w+Error: \[Errno (\d+)\]")  # an exception line: `OSError: [Errno 30] ...`
@@ -47,11 +62,28 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def child_failure_is_transient(output: str) -> bool:
-    """Whether a child process that failed with this output (its last lines) may pass on a rerun: a crash (a
-    signal, an out-of-memory kill, a lost peer) may; an error that the same inputs raise again does not."""
+    """Whether a child process that failed with this output (its own error lines and its last lines, as
+    `tasks.launch.ChildOutput.said` gives them) may pass on a rerun.
+
+    Its error lines (one per rank that failed) are the evidence: transient only if every one names a transient
+    error (`_error_line_is_transient`). Without one, the child died before it could say (a signal, a crash):
+    transient, unless a traceback in the output names an error a rerun meets again.
+    """
+    said = [line for line in output.splitlines() if error_line_type(line) is not None]
+    if said:
+        return all(_error_line_is_transient(line) for line in said)
     if _CHILD_ERROR_LINE.search(output):
         return False
     return all(int(number) in NETWORK_ERRNOS for number in _ERRNO_IN_OUTPUT.findall(output))
+
+
+def _error_line_is_transient(line: str) -> bool:
+    """An error line naming the network or a lost peer: a type this policy names as transient, gloo's lost
+    connection, or an OSError with a network errno (`error: OSError: [Errno 111] Connection refused`)."""
+    if error_line_type(line) in TRANSIENT_CHILD_ERRORS or any(m in line for m in LOST_PEER_MESSAGES):
+        return True
+    errnos = _ERRNO_IN_OUTPUT.findall(line)
+    return bool(errnos) and all(int(number) in NETWORK_ERRNOS for number in errnos)
 
 
 def retry_if_transient(task: Any, task_run: Any, state: Any) -> bool:

@@ -29,17 +29,20 @@ import shlex
 import subprocess
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.launch import Rendezvous, Stopped, flow_run_ending, stopped_with_flow_run, torchrun_command
+from common.bounds import text_problem
+from tasks.launch import (ChildOutput, Rendezvous, Stopped, flow_run_ending, stopped_with_flow_run,
+                          torchrun_command)
 from tasks.retry import TransientError, child_failure_is_transient
 
 # JobState values after which the job never runs again (a requeued job goes back to PENDING instead)
 FINISHED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                       "BOOT_FAIL", "DEADLINE", "REVOKED"})
+# JobState values that are Slurm's own evidence of a crash (the job's processes did not fail by themselves)
+CRASHED = frozenset({"NODE_FAIL", "PREEMPTED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"})
 # reasons a pending job waits for something that will not come without an administrator (squeue(1), REASONS)
 NEVER_STARTS = frozenset({"BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit", "PartitionConfig",
                           "InvalidAccount", "InvalidQOS", "AccountNotAllowed", "QOSNotAllowed",
@@ -47,7 +50,7 @@ NEVER_STARTS = frozenset({"BadConstraints", "PartitionNodeLimit", "PartitionTime
 # sbatch errors that say the controller is unreachable for now, not that the job is wrong
 _UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Slurm temporarily unable")
 RDZV_HOST = "$RDZV_HOST"  # the job's first node, resolved by the job script
-TAIL_LINES = 40
+JOB_NAME_MAX_BYTES = 255  # Slurm's accounting database keeps a job's name as a MySQL tinytext
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ class SlurmSettings:
     tasks_per_node: int = 1  # torchrun launchers per node: 1; more only to try several "nodes" on one host
     rdzv_port: int = 29400  # the c10d rendezvous port on the first node
     sbatch_options: tuple[str, ...] = ()  # more sbatch options, e.g. ["--qos=high", "--exclusive"]
-    setup: str = ""  # shell lines run on the first node before training, e.g. "module load cuda/12.4"
+    setup: str = field(default="", metadata={"multiline": True})  # shell lines run on the first node before
+    # training, e.g. "module load cuda/12.4"; written into the job script as they are
     python: str | None = None  # the interpreter on the nodes; default: the worker's own (shared filesystem)
     heartbeat_timeout_s: float = 300.0  # the job cancels itself when the task has been gone this long
     poll_s: float = 2.0  # how often the task looks at the job's state and output
@@ -114,10 +118,20 @@ class SlurmJobRecord:
     output: str  # the job's output (every node's torchrun and ranks)
 
 
+def job_name_for(run_name: str, run_id: str) -> str:
+    """The Slurm job's name: the run's name and id, so that squeue and sacct say whose job it is."""
+    return f"gpt2-{run_name}-{run_id}"
+
+
 def job_script(settings: SlurmSettings, train_args: list[str], nproc: int, run_id: str, max_restarts: int,
                output: str, heartbeat: Path, job_name: str, workdir: Path) -> str:
     """The sbatch script: resources as #SBATCH lines, the setup, the heartbeat watchdog, one srun task per node
-    running torchrun with c10d rendezvous on the first node (rendezvous id: the run's id)."""
+    running torchrun with c10d rendezvous on the first node (rendezvous id: the run's id).
+
+    Every value is written quoted (`shlex.quote`) but integers and the setup, which is shell lines by design.
+    An #SBATCH line is a comment to the shell, which no quote carries past a newline: an option holding a
+    control character is refused (ValueError naming it), since its next line would run as a command.
+    """
     options = [f"--job-name={job_name}", f"--nodes={settings.nodes}", f"--ntasks-per-node={settings.tasks_per_node}",
                f"--chdir={workdir}", f"--output={output}", "--open-mode=append", "--requeue"]
     options += [f"--{name}={value}" for name, value in (("partition", settings.partition), ("account", settings.account),
@@ -125,6 +139,8 @@ def job_script(settings: SlurmSettings, train_args: list[str], nproc: int, run_i
     if settings.gpus_per_node:
         options.append(f"--gpus-per-node={settings.gpus_per_node}")
     options += settings.sbatch_options
+    if problems := [p for option in options if (p := text_problem("a Slurm option", option))]:
+        raise ValueError("; ".join(problems))
     rendezvous = Rendezvous(nnodes=settings.launchers, rdzv_endpoint=f"{RDZV_HOST}:{settings.rdzv_port}",
                             rdzv_id=run_id, max_restarts=max_restarts)
     command = torchrun_command("gpt2.train", train_args, nproc, rendezvous, python=settings.python or sys.executable)
@@ -206,11 +222,12 @@ def _slurm(cmd: list[str], env: Mapping[str, str] | None) -> subprocess.Complete
 
 
 class _OutputTail:
-    """Hands each complete line appended to the job's output file to `on_line`, and keeps the last few."""
+    """Hands each complete line appended to the job's output file to `on_line`, and keeps what the lines say
+    about the job's end (tasks.launch.ChildOutput)."""
 
     def __init__(self, path: Path, on_line: Callable[[str], None]):
         self.path, self.on_line, self.offset = path, on_line, 0
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.output = ChildOutput()
 
     def poll(self) -> None:
         try:
@@ -222,7 +239,7 @@ class _OutputTail:
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
         for line in complete.decode(errors="replace").splitlines():
-            self.tail.append(line)
+            self.output.add(line)
             self.on_line(line)
 
 
@@ -265,7 +282,8 @@ def run_job(draft: Path, script: Callable[[str], Path], heartbeat: Path, output:
         raise RuntimeError(message)
     # a crash or a lost node is retried (the new job resumes); an error the job's output names that a rerun
     # would meet again (divergence, a bad shard, a full disk) is not
-    raise (TransientError if child_failure_is_transient("\n".join(tail)) else RuntimeError)(message)
+    transient = info.state in CRASHED or child_failure_is_transient("\n".join(tail))
+    raise (TransientError if transient else RuntimeError)(message)
 
 
 def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSettings) -> tuple[JobInfo, list[str]]:
@@ -284,7 +302,7 @@ def _wait(job: SlurmJob, heartbeat: Path, output: _OutputTail, settings: SlurmSe
         unknown_since = None
         if info.state in FINISHED:
             output.poll()
-            return info, list(output.tail)
+            return info, output.output.said()
         if info.state == "PENDING" and info.reason in NEVER_STARTS:
             raise SlurmRefused(f"Slurm job {job.job_id} cannot start: {info.reason} (scontrol show job {job.job_id})")
         time.sleep(settings.poll_s)

@@ -32,7 +32,7 @@ from tasks.cancel_watch import watch_for_cancellation
 from tasks.launch import Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
 from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
 from tasks.retry import best_effort, retry_if_transient
-from tasks.slurm import SlurmJobRecord, SlurmSettings, job_script, run_job
+from tasks.slurm import SlurmJobRecord, SlurmSettings, job_name_for, job_script, run_job
 from tasks.tokenize import ShardsRecord
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ TRAIN_CODE = MODEL_CODE + ("gpt2.train",)
 
 TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its latest checkpoint (tasks.retry)
 TRAIN_RETRY_DELAY_S = 30
+RUN_ID_LENGTH = 12  # hex digits of the run id: the run directory's name, part of the Slurm job's name
 PROGRESS_POLL_S = 1.0  # how often the metrics file is looked at for progress
 PROGRESS_PAUSE_S = 30.0  # after a progress update the API did not take, the next try waits this long
 Launcher = Literal["local", "slurm"]
@@ -161,7 +162,8 @@ def train(
     from gpt2.run_dir import RunDir
 
     nproc, nnodes = world_shape(launcher, nproc, rendezvous, slurm)
-    run_id = stage_key("train", TRAIN_CODE, _run_identity(shards, hellaswag, init, seed, settings, (nproc, nnodes)))[:12]
+    run_id = stage_key("train", TRAIN_CODE, _run_identity(shards, hellaswag, init, seed, settings,
+                                                         (nproc, nnodes)))[:RUN_ID_LENGTH]
     run_dir = RunDir(under(runs_dir, run_id))  # never a link planted at the run id's name that leaves runs_dir
     wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
@@ -208,7 +210,7 @@ def _run_slurm_job(run_dir: RunDir, run_id: str, train_args: list[str], nproc: i
     """Write the run's job script and run it as one Slurm job (tasks.slurm.run_job), which keeps it as
     slurm/job-<id>.sh once Slurm has taken it."""
     script = job_script(slurm, train_args, nproc, run_id, max_restarts, str(run_dir.slurm_output("%j")),
-                        run_dir.slurm_heartbeat, f"gpt2-{run_dir.root.parent.name}-{run_id}", Path.cwd())
+                        run_dir.slurm_heartbeat, job_name_for(run_dir.root.parent.name, run_id), Path.cwd())
     run_dir.slurm.mkdir(exist_ok=True)
     draft = run_dir.slurm / f"job.{os.getpid()}.sh.tmp"
     draft.write_text(script)

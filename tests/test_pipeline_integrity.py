@@ -97,6 +97,21 @@ def test_a_name_that_is_a_glob_pattern_is_refused_before_any_stage(server, worke
     assert task_states(server, flow_run_id) == {}
 
 
+@pytest.mark.parametrize("deployment, param, message", [
+    ("gpt2-tokenize/smoke", "dataset=" + "d" * 240, "dataset may have at most 226 bytes"),  # defect 4
+    ("gpt2-train/smoke", 'run_name="x\\ntouch pwned #"', "no control character"),  # defect 8 (a JSON string)
+    ("gpt2-train/smoke", "lr=1e39", "lr=1e+39 is beyond float32"),  # the ninth defect
+])
+def test_a_setting_no_stage_could_use_fails_before_any_stage_naming_it(server, worker, deployment, param, message):
+    """Before: the 240-character dataset failed inside tokenize (`File name too long`) after download
+    completed; the newline reached the Slurm job script; lr=1e39 failed every attempt of training with
+    `RuntimeError: value cannot be converted to type float without overflow`, tried 3 times."""
+    flow_run_id, state = run(server, deployment, param)
+    said = failure(server, flow_run_id, state)
+    assert f"{param.split('=')[0]}" in said and message in said, said[-3000:]
+    assert task_states(server, flow_run_id) == {}
+
+
 def test_training_reads_the_shards_its_manifest_lists_not_a_pattern(server, worker, trained):
     shards = server.tree / "artifacts" / "data" / "smoke" / "shards"
     stray = shards / "smoke_train_000999.bin"  # a file that matches `smoke_train_*.bin`, listed nowhere
@@ -140,6 +155,21 @@ def test_a_second_writer_of_a_folder_waits_for_its_lock(server, worker):
         assert state == "RUNNING", f"the run did not wait while another writer held {shards}: {state}"
     assert wait_for_final_state(server, flow_run_id)["state"]["type"] == "COMPLETED"
     assert task_states(server, flow_run_id)["tokenize"] == "Completed"
+
+
+def test_a_lock_file_hard_linked_to_another_file_is_replaced_not_written_through(server, worker, tmp_path):
+    """Defect 3: `ln /tmp/victim.txt .../shards/LOCK`, then tokenize with force=true: Completed, and the victim
+    read `{"pid": ..., "host": ...}` (O_NOFOLLOW stops symbolic links only)."""
+    completed(server, "gpt2-tokenize/smoke", "dataset=hardlock")
+    lock = server.tree / "artifacts" / "data" / "hardlock" / "shards" / "LOCK"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock.unlink()
+    os.link(victim, lock)
+    flow_run_id = completed(server, "gpt2-tokenize/smoke", "dataset=hardlock", "force=true")
+    assert task_states(server, flow_run_id)["tokenize"] == "Completed"
+    assert victim.read_text() == "precious\n" and os.stat(victim).st_nlink == 1
+    assert os.stat(lock).st_nlink == 1 and "pid" in json.loads(lock.read_text())
 
 
 def test_hellaswag_files_of_different_sources_live_in_different_folders(server, worker, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -300,6 +301,48 @@ def test_slurm_job_script_asks_for_the_settings_and_lets_the_shell_fill_in_the_f
     assert script.index("module load cuda") < script.index("srun ")
     result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert result.returncode == 0, result.stderr
+
+
+def _sbatch_directives(script: str) -> list[list[str]]:
+    """The arguments of each `#SBATCH` line, split as a shell splits words (quotes removed)."""
+    return [shlex.split(line.removeprefix("#SBATCH ")) for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_slurm_job_script_quotes_every_value_and_each_directive_reads_back_intact(tmp_path):
+    """Defect 8: every value the script writes is quoted; the script parses (`bash -n`), and each `#SBATCH`
+    directive, split as the shell splits it, is the value given, whatever quotes, spaces, `$`, `;`, `#` or
+    backticks it holds."""
+    from tasks.slurm import SlurmSettings, job_script
+
+    odd = "a b'c\"d $(touch pwned) `id`; #e"
+    settings = SlurmSettings(partition=f"p {odd}", account=f"acct {odd}", time_limit="1:00:00", nodes=2,
+                             sbatch_options=(f"--comment={odd}", "--exclusive"))
+    workdir, output = tmp_path / f"repo {odd}", f"/runs/{odd}/job-%j.out"
+    script = job_script(settings, ["--config", f"/runs/{odd}/launch_config.json"], 1, "run42", 0, output,
+                        tmp_path / f"heart {odd}", f"gpt2-{odd}-run42", workdir)
+    result = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert result.returncode == 0, result.stderr
+    assert _sbatch_directives(script) == [[option] for option in (
+        f"--job-name=gpt2-{odd}-run42", "--nodes=2", "--ntasks-per-node=1", f"--chdir={workdir}", f"--output={output}",
+        "--open-mode=append", "--requeue", f"--partition=p {odd}", f"--account=acct {odd}", "--time=1:00:00",
+        f"--comment={odd}", "--exclusive")]
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert shlex.split(srun)[-2:] == ["--config", f"/runs/{odd}/launch_config.json"]
+
+
+@pytest.mark.parametrize("where", ["job_name", "partition", "sbatch_options"])
+def test_slurm_job_script_refuses_a_value_that_would_end_its_directive_line(tmp_path, where):
+    """Defect 8: `run_name="x\\ntouch pwned #"` made `#SBATCH '--job-name=gpt2-x` and a line `touch pwned
+    #-...'` that bash runs as a command (and sbatch stops reading directives there). A comment line cannot be
+    quoted across lines: the script refuses the value, naming it."""
+    from tasks.slurm import SlurmSettings, job_script
+
+    bad = "x\ntouch pwned #"
+    settings = SlurmSettings(partition=bad if where == "partition" else None,
+                             sbatch_options=(f"--comment={bad}",) if where == "sbatch_options" else ())
+    job_name = f"gpt2-{bad}-run42" if where == "job_name" else "gpt2-x-run42"
+    with pytest.raises(ValueError, match=r"a Slurm option holds the control character\(s\) '\\n' \(got '--"):
+        job_script(settings, [], 1, "run42", 0, "/runs/job-%j.out", tmp_path / "heartbeat", job_name, Path("/repo"))
 
 
 def test_slurm_launcher_without_slurms_commands_says_where_the_worker_must_run(tmp_path):

@@ -71,8 +71,9 @@ def _write_config(tmp_path: Path, **overrides) -> Path:
 
 
 def test_a_diverged_training_run_is_not_retried(tmp_path):
-    """Finding 8: lr=1e308 (TrainingDivergedError) was tried 3 times."""
-    error = _train(_write_config(tmp_path, lr=1e308, max_steps=20, warmup_steps=0, max_bad_steps=2))
+    """Finding 8: lr=1e308 (TrainingDivergedError) was tried 3 times. (1e308 is now refused by the settings
+    check: float32 holds at most 3.4e38; 1e30 still diverges.)"""
+    error = _train(_write_config(tmp_path, lr=1e30, max_steps=20, warmup_steps=0, max_bad_steps=2))
     assert isinstance(error, CommandFailed) and "TrainingDivergedError" in str(error)
     assert not is_transient(error)
 
@@ -92,6 +93,45 @@ def test_a_training_process_killed_by_a_signal_is_retried(tmp_path):
     error = _failure_of(run_streaming, [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
                         lambda line: None)
     assert isinstance(error, CommandFailed) and error.returncode == -signal.SIGKILL
+    assert is_transient(error)
+
+
+def _child_failure(how: str, nproc: int | None = None) -> CommandFailed:
+    """tests.fixtures.failing_child failing `how`, run as the train stage runs its children: alone, or as
+    `nproc` ranks of a torchrun (whose report of the failure pushes the ranks' error lines out of the tail)."""
+    from tasks.launch import torchrun_command
+
+    args = [how]
+    cmd = (torchrun_command("tests.fixtures.failing_child", args, nproc) if nproc
+           else [sys.executable, "-m", "tests.fixtures.failing_child", *args])
+    error = _failure_of(run_streaming, cmd, lambda line: None, None, REPO)
+    assert isinstance(error, CommandFailed), error
+    return error
+
+
+@pytest.mark.parametrize("how, nproc, said", [
+    ("overflow", 2, "error: RuntimeError: value cannot be converted to type float without overflow"),
+    ("overflow", None, "error: RuntimeError: value cannot be converted to type float without overflow"),
+    ("unknown", None, "error: ValueError: a setting no check knew about"),
+])
+def test_a_child_that_ends_with_an_error_of_its_own_is_not_retried(how, nproc, said):
+    """The ninth defect: a learning rate beyond float32 made every attempt end with `error: RuntimeError: value
+    cannot be converted to type float without overflow`, and the train task was tried 3 times: an error the
+    policy did not know by name counted as a crash. The child's own error line is evidence of a failure a
+    rerun meets again, wherever torchrun's report pushes it in the output."""
+    error = _child_failure(how, nproc)
+    assert said in str(error)
+    assert not is_transient(error)
+
+
+@pytest.mark.parametrize("how, said", [
+    ("network", "error: ConnectionResetError: [Errno 104]"),
+    ("rendezvous-timeout", "error: DistNetworkError: "),
+    ("lost-peer", "Connection closed by peer"),
+])
+def test_a_child_whose_error_names_the_network_or_a_lost_peer_is_retried(how, said):
+    error = _child_failure(how)
+    assert said in str(error)
     assert is_transient(error)
 
 

@@ -47,11 +47,103 @@ HUGE_MODEL = "n_layer=1,n_head=1,n_embd=100000,block_size=100000"
     ("rendezvous", {"nnodes": 2, "node_rank": 2, "master_addr": "h"}, "rendezvous.node_rank must lie in [0, nnodes=2)"),
     ("rendezvous", {"master_port": 70000}, "rendezvous.master_port must be a TCP port"),
     ("train_timeout_s", float("nan"), "train_timeout_s"),
+    # each number bounded by the type it is used in (the ninth defect: lr=1e39 passed, then every attempt of
+    # training ended with `RuntimeError: value cannot be converted to type float without overflow`)
+    ("lr", 1e39, "lr=1e+39 is beyond float32, the type it is used in"),
+    ("weight_decay", 1e39, "weight_decay=1e+39 is beyond float32"),
+    ("eps", 1e-50, "eps=1e-50 rounds to 0 in float32"),
+    ("model", "n_layer=1,n_head=1,n_embd=1,block_size=2147483648,vocab_size=256",
+     "block_size=2147483648 is out of range: the int32 it is used in"),
+    ("num_samples", 10**30, "num_samples=1000000000000000000000000000000 is out of range"),
+    ("limit", 2**63, "limit=9223372036854775808 is out of range"),
+    ("eval", {"batch_size": 2**63}, "eval.batch_size=9223372036854775808 is out of range"),
+    ("slurm", {"heartbeat_timeout_s": float("nan")}, "slurm.heartbeat_timeout_s must be a finite number"),
+    ("slurm", {"heartbeat_timeout_s": float("inf")}, "slurm.heartbeat_timeout_s must be a finite number"),
 ])
 def test_a_setting_out_of_bounds_is_refused_naming_it(setting, value, message):
     with pytest.raises(ValueError) as info:
         check_settings({setting: value})
     assert message in str(info.value)
+
+
+def test_adams_first_step_size_is_bounded_by_float32():
+    """lr / (1 - beta1) is the scalar AdamW scales its first update by (bias correction): beyond float32, the
+    optimizer raises the same overflow as an lr beyond it."""
+    with pytest.raises(ValueError, match=r"lr / \(1 - beta1\) = 1e\+37 / \(1 - 0.999999\) .* is beyond float32"):
+        check_settings({"lr": 1e37, "beta1": 0.999999})
+    check_settings({"lr": 1e30, "beta1": 0.999999})
+
+
+@pytest.mark.parametrize("setting, value, named", [
+    ("run_name", "x\ntouch pwned #", "run_name"),
+    ("dataset", "tab\tbed", "dataset"),
+    ("run_name", "reset\x1bc", "run_name"),
+    ("dataset", "del\x7f", "dataset"),
+    ("run_name", "nel\x85", "run_name"),
+    ("root", "artifacts\nx", "root"),
+    ("source", "docs\r", "source"),
+    ("hellaswag_source", "h.jsonl\x00", "hellaswag_source"),
+    ("model", "d12\n", "model"),
+    ("init_from", "runs/x\u2028y", "init_from"),
+    ("slurm", {"partition": "gpu\n#SBATCH --wrap=pwned"}, "slurm.partition"),
+    ("slurm", {"sbatch_options": ["--qos=high", "--comment=a\nb"]}, "slurm.sbatch_options[1]"),
+    ("slurm", {"setup": "module load cuda\x1b[2J"}, "slurm.setup"),
+    ("rendezvous", {"nnodes": 2, "rdzv_endpoint": "h:1\n", "rdzv_id": "r"}, "rendezvous.rdzv_endpoint"),
+    ("eval", {"device": "cpu\t"}, "eval.device"),
+    ("sample_prompt", "Hello\x1b]0;pwned\x07", "sample_prompt"),
+    ("device", "cpu\n", "device"),
+])
+def test_a_control_character_in_a_name_or_text_setting_is_refused_naming_it(setting, value, named):
+    """Defect 8: `run_name="x\\ntouch pwned #"` passed the check, and the Slurm job script got a line of its own
+    running `touch pwned`. Every name and string setting reaches a file name, a script or a log line."""
+    with pytest.raises(ValueError) as info:
+        check_settings({setting: value})
+    message = str(info.value)
+    assert f"{named} " in message and "control character" in message, message
+
+
+def test_newlines_and_tabs_pass_in_settings_that_are_text_by_nature():
+    """A prompt is text, and the Slurm setup is shell lines: both may span lines."""
+    settings = check_settings({"sample_prompt": "Q:\tHello\nA:", "slurm": {"setup": "module load cuda\nexport X=1"}})
+    assert settings.sample_prompt == "Q:\tHello\nA:"
+
+
+@pytest.mark.parametrize("setting", ["dataset", "run_name"])
+def test_a_name_is_bounded_by_the_longest_name_a_stage_derives_from_it(setting, tmp_path):
+    """Defect 4: a 240-character dataset passed the check, then tokenize failed with `OSError: [Errno 36] File
+    name too long` on `{dataset}_train_000001.bin.<pid>.tmp`. The longest name that passes makes every
+    derived name the filesystem (or Slurm) takes; one byte more is refused, naming the setting."""
+    from flows.config import longest_derived_names
+
+    longest = _longest_accepted(setting)
+    with pytest.raises(ValueError, match=rf"{setting}: .* at most {len(longest)} bytes"):
+        check_settings({setting: longest + "x"})
+    for derived, limit in longest_derived_names(setting, longest):
+        assert len(derived.encode()) <= limit
+    if setting == "dataset":  # the real files: a shard written under its temporary name, then renamed
+        from data.shards import shard_filename, write_shard
+
+        write_shard(tmp_path / shard_filename(longest, 1), np.arange(10))
+        assert (tmp_path / shard_filename(longest, 1)).is_file()
+
+
+def _longest_accepted(setting: str) -> str:
+    """The longest name of one repeated letter that the settings check takes for `setting`."""
+    low, high = 1, 255
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            check_settings({setting: "n" * middle})
+            low = middle
+        except ValueError:
+            high = middle - 1
+    return "n" * low
+
+
+def test_a_240_character_dataset_is_refused_naming_the_shard_file_it_would_make():
+    with pytest.raises(ValueError) as info:
+        check_settings({"dataset": "d" * 240})
+    assert "dataset: " in str(info.value) and "_train_000001.bin" in str(info.value)
 
 
 def test_the_model_check_counts_parameters_from_the_shape_alone():
