@@ -48,8 +48,17 @@ class EvalFileRecord(StageRecord):
                    source_sha256=manifest.get("source_sha256"))
 
 
-@task(name="hellaswag", cache_policy=StageCache(stage="hellaswag", code=HELLASWAG_CODE), persist_result=True,
-      **NETWORK_RETRIES)
+def _source_identity(source: str) -> str:
+    """What `source` stands for now, for the hellaswag stage's cache key: a local file by the sha256 of its bytes
+    (an edit, or a link pointed at another file, is another key); a URL as given."""
+    from common.files import sha256_file
+
+    return sha256_file(source) if Path(source).is_file() else source
+
+
+@task(name="hellaswag", cache_policy=StageCache(stage="hellaswag", code=HELLASWAG_CODE,
+                                                resolve=(("source", _source_identity),)),
+      persist_result=True, **NETWORK_RETRIES)
 def prepare_hellaswag(source: str, out_dir: str) -> EvalFileRecord:
     """HellaSwag val jsonl (URL or local file) -> llm.c eval file (data.hellaswag).
 

@@ -138,6 +138,7 @@ class _TrainCache(StageCache):
     port or Slurm partition does not retrain), and runs_dir."""
 
     def key_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        inputs = super().key_inputs(inputs)
         world = world_shape(*(inputs[name] for name in _LAUNCH_INPUTS))
         rest = {k: v for k, v in inputs.items() if k not in _LAUNCH_INPUTS}
         return {**rest, "world": world}
