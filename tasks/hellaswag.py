@@ -28,6 +28,11 @@ class EvalFileRecord(StageRecord):
         """What a stage reading the file holds the read lock of (tasks.common.reading)."""
         return Path(self.path).parent
 
+    @property
+    def sha256(self) -> str:
+        """The eval file's content identity (the first of `files`, see `of`)."""
+        return self.files[0].sha256
+
     @classmethod
     def of(cls, path: str | Path, extra_files: tuple[Path, ...] = ()) -> "EvalFileRecord":
         """The record of an eval file (plus files whose edits must invalidate it); the count is read from its
