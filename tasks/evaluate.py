@@ -193,10 +193,9 @@ def data_as_recorded(run_dir: RunDir, recorded: dict[str, Any] | None) -> tuple[
     if recorded is None:
         raise DataChanged(
             f"{run_dir.data_identity} is missing: the run recorded no identity of the val shards and HellaSwag file "
-            "it was trained on, so a number computed now could come from other data. A run of the pipeline records "
-            "it when its train stage runs (`--param force=true` on its gpt2-train deployment, same settings, resumes "
-            "at its last step and writes it); evaluate a run trained outside the pipeline with `python -m "
-            "gpt2.evaluate` on the data it used")
+            "it was trained on (trained outside the pipeline, or before its train stage recorded it), so a number "
+            "computed now could come from other data; evaluate it with `python -m gpt2.evaluate --checkpoint ... "
+            "--val-data ...` on the data it used, or train it again through the pipeline")
     shards = _shards_now(recorded["val_shards"])
     hellaswag = _eval_file_now(recorded["hellaswag"])
     if difference := _difference(recorded, data_identity(shards, hellaswag)):
