@@ -3,6 +3,8 @@
     <root>/
       launch_config.json the TrainConfig a launcher hands to gpt2.train (the pipeline's train stage)
       config.json        the TrainConfig + what was resolved at start (gpt2.train)
+      data_identity.json the val shards' and HellaSwag file's sha256 the run trains and is validated on (the
+                         pipeline's train stage); the scheduled scan scores checkpoints only on that data
       metrics.jsonl      one JSON record per train step, val loss, HellaSwag (gpt2.metrics)
       tensorboard/       the same as TensorBoard scalars, plus the evaluations' points
       checkpoints/       step_XXXXXXXX/ (gpt2.checkpoint)
@@ -65,6 +67,11 @@ class RunDir:
     def launch_config(self) -> Path:
         """The TrainConfig a launcher (the pipeline's train stage) hands to gpt2.train as `--config`."""
         return self.root / "launch_config.json"
+
+    @property
+    def data_identity(self) -> Path:
+        """The content identity of the data the run trains and is validated on (the pipeline's train stage)."""
+        return self.root / "data_identity.json"
 
     @property
     def metrics(self) -> Path:
@@ -138,8 +145,8 @@ class RunDir:
     def check_confined(self) -> None:
         """PathOutsideRoot unless every path of the layout resolves inside the run directory: a symbolic link
         planted as checkpoints/, metrics.jsonl, ... would send a writer's files somewhere else."""
-        for path in (self.config, self.launch_config, self.metrics, self.tensorboard, self.checkpoints,
-                     self.evaluations, self.samples, self.summary, self.loss_curve, self.slurm):
+        for path in (self.config, self.launch_config, self.data_identity, self.metrics, self.tensorboard,
+                     self.checkpoints, self.evaluations, self.samples, self.summary, self.loss_curve, self.slurm):
             inside(path, self.root)
 
     def lock(self, wait: bool = False, on_wait: Callable[[str], None] | None = None) -> ContextManager[Path]:

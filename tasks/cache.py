@@ -4,7 +4,9 @@ A stage's cache key is everything that determines its output:
 
 * its parameters (plain values, hashed as they are),
 * the *content* of its inputs: upstream stages pass `StageRecord`s, which hash as the sha256 of the files
-  they describe (manifest, shards, checkpoint), never as paths or mtimes,
+  they describe (manifest, shards, checkpoint), never as paths or mtimes; an input that names its content
+  only through what it resolves to when the stage runs (a run directory: its newest checkpoint that verifies;
+  a source folder: its files) is resolved first, and its content is hashed (`StageCache.resolve`),
 * the version of its code: the sha256 of the source files of the modules that compute the output
   (the stage's entry modules and every gpt2/, data/, kernels/ module they import).
 
@@ -20,6 +22,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +184,10 @@ def stage_key(stage: str, code: tuple[str, ...], inputs: dict[str, Any]) -> str:
     return hash_objects(stage, code_version(code), content_identity(inputs), raise_on_failure=True)
 
 
+# what a stage input resolved at run time stands for in its cache key: its content, found when the key is made
+Resolver = Callable[[Any], Any]
+
+
 @dataclass
 class StageCache(CachePolicy):
     """Cache key = hash(stage, code version, inputs by content); stale cached records are dropped.
@@ -188,22 +195,36 @@ class StageCache(CachePolicy):
     stage: the stage's name (two stages with equal inputs never share a key).
     code: modules whose source defines the stage's output; editing any of them invalidates the cache.
     ignore: inputs that do not affect the output (e.g. a progress flag).
+    resolve: (input name, resolver) for each input that names its content only through what it resolves to
+        when the stage runs (a run directory: its newest checkpoint that verifies; a folder: the files in it; a
+        file path: its bytes). The key holds what the resolver returns, the content the stage would read now,
+        never the name: a run directory that gained a checkpoint is another key. A value of None is not resolved.
     """
 
     stage: str = ""
     code: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    resolve: tuple[tuple[str, Resolver], ...] = ()
 
     def compute_key(
         self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any], **kwargs: Any
     ) -> str | None:
-        key = stage_key(self.stage, self.code, self.key_inputs({k: v for k, v in inputs.items() if k not in self.ignore}))
+        kept = {k: v for k, v in inputs.items() if k not in self.ignore}
+        try:
+            keyed = self.key_inputs(kept)
+        except Exception as e:  # the stage meets the same error and fails with its own message
+            logger.warning("stage %s: an input cannot be resolved for the cache key (%s: %s); running uncached",
+                           self.stage, type(e).__name__, e)
+            return None
+        key = stage_key(self.stage, self.code, keyed)
         return key if self._drop_if_stale(task_ctx, key) else None
 
     def key_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """What of the task's inputs the key hashes; a stage whose inputs name an output indirectly (settings
-        that resolve to a world shape) hashes what they resolve to instead."""
-        return inputs
+        """What of the task's inputs the key hashes: each input named in `resolve` replaced by what it resolves to
+        now. (A stage whose settings resolve to something else, such as train's world shape, extends this.)"""
+        resolvers = dict(self.resolve)
+        return {name: ("resolved", resolvers[name](value)) if name in resolvers and value is not None else value
+                for name, value in inputs.items()}
 
     def _drop_if_stale(self, task_ctx: TaskRunContext, key: str) -> bool:
         """Validate the record cached under `key`; delete it if its files changed. False: cannot cache.

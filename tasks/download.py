@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -60,8 +61,19 @@ def progress_reporter(key: str, description: str) -> Callable[[float], None]:
     return report
 
 
-@task(name="download", cache_policy=StageCache(stage="download", code=DOWNLOAD_CODE), persist_result=True,
-      **NETWORK_RETRIES)
+def _source_identity(source: str) -> Any:
+    """What `source` stands for now, for the download stage's cache key: a local corpus by the bytes of the files
+    it holds now (a file edited, added or removed is another key); a hub dataset by its id, as given (its
+    revision is the stage's `revision` input, and a cached download keeps the commit it resolved to)."""
+    from data import fineweb
+
+    src = fineweb.parse_source(source)
+    return fineweb.source_identity(src.location) if src.kind == "local" else source
+
+
+@task(name="download", cache_policy=StageCache(stage="download", code=DOWNLOAD_CODE,
+                                               resolve=(("source", _source_identity),)),
+      persist_result=True, **NETWORK_RETRIES)
 def download_documents(source: str, config: str | None, out_dir: str, limit: int | None,
                        revision: str | None = None) -> DocumentsRecord:
     """FineWeb (any hub dataset with a `text` column) -> a local parquet cache; a local corpus is used as is.

@@ -5,6 +5,10 @@ Each result goes into the run's TensorBoard log at the checkpoint's step and int
 ledger (paths from gpt2.run_dir), which the scan reads to skip checkpoints already evaluated. Results are
 cached by checkpoint content; a run whose checkpoint equals another run's gets the cached result filed in
 its own ledger and TensorBoard log.
+
+A result is filed with the identity of the data it came from (`data_identity`: the val shards' and HellaSwag
+file's sha256). The train stage records the same identity for the run; the scan scores a run's checkpoints only
+on that data, and reports them skipped where it changed or is gone (`data_as_recorded`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,29 @@ from tasks.tokenize import ShardsRecord
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
 EVAL_CODE = MODEL_CODE + ("gpt2.evaluate",)  # entry modules; their imports count too
+
+
+class DataChanged(ValueError):
+    """The val shards or HellaSwag file a run recorded are not what their files hold now (rebuilt, edited, gone),
+    or the run recorded none: a number computed now would not be the run's."""
+
+
+def data_identity(shards: ShardsRecord | None, hellaswag: EvalFileRecord | None) -> dict[str, Any]:
+    """What an evaluation is scored on, by content, and where it is: the sha256 of each val shard (from the shard
+    folder's manifest) and of the HellaSwag eval file. The train stage records it in the run directory
+    (`RunDir.data_identity`: what the run trains and is validated on); each ledger entry records the one its
+    numbers came from."""
+    val = None if shards is None else {"manifest": shards.manifest, "sha256": shards.split_sha256("val")}
+    return {"val_shards": val,
+            "hellaswag": None if hellaswag is None else {"path": hellaswag.path, "sha256": hellaswag.sha256}}
+
+
+def _content(identity: dict[str, Any] | None) -> tuple | None:
+    """The part of a `data_identity` that is content (the sha256s), without where the files are."""
+    if identity is None:
+        return None
+    shards, hellaswag = identity.get("val_shards"), identity.get("hellaswag")
+    return (shards and shards["sha256"], hellaswag and hellaswag["sha256"])
 
 
 @dataclass(frozen=True)
@@ -63,16 +90,20 @@ class EvalSettings:
         return args
 
 
-def read_evaluation(run_dir: RunDir, step: int) -> dict[str, Any] | None:
-    """The recorded evaluation of this checkpoint if its files still hold the evaluated content, else None.
+def read_evaluation(run_dir: RunDir, step: int, data: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The recorded evaluation of this checkpoint if its files still hold the evaluated content and it was scored
+    on `data` (a `data_identity`, by content), else None: an entry of other data, or of none recorded, is no
+    evaluation of the run.
 
     The files are checked as cached records are (size and mtime; hashed only when touched), so a scan
     does not re-read gigabytes of checkpoints that were evaluated before.
     """
     path = run_dir.evaluation(step)
-    if not path.exists():
+    if data is None or not path.exists():
         return None
     entry = read_json(path)
+    if _content(entry.get("data")) != _content(data):
+        return None
     files = tuple(FileRef(**f) for f in entry.get("files", ()))
     return entry if files and StageRecord(files=files).problem() is None else None
 
@@ -112,24 +143,35 @@ def evaluate_checkpoint(
         args += ["--hellaswag", hellaswag.path]
     try:
         with reading(shards, hellaswag):  # a rerun writing them waits
+            _require_unchanged(shards, hellaswag)  # what is read from here on is what the records (and ledger) name
             run_streaming(python_module("gpt2.evaluate", args), log_lines())
         result = read_json(out)
     finally:
         out.unlink(missing_ok=True)
-    entry = file_evaluation(checkpoint, result.get("val_loss"), result.get("hellaswag"))
+    entry = file_evaluation(checkpoint, result.get("val_loss"), result.get("hellaswag"),
+                            data_identity(shards, hellaswag))
     return EvalRecord(files=(FileRef.of(ledger),), checkpoint=checkpoint.path, step=checkpoint.step,
                       val_loss=entry["val_loss"], hellaswag=entry["hellaswag"])
 
 
-def file_evaluation(checkpoint: CheckpointRecord, val_loss: float | None,
-                    hellaswag: dict[str, float] | None) -> dict[str, Any]:
-    """Put an evaluation of `checkpoint` into its run's TensorBoard log and ledger (the ledger last, atomically:
-    a crash before it leaves the checkpoint unevaluated); returns the ledger entry."""
+def _require_unchanged(*records: StageRecord | None) -> None:
+    """DataChanged naming the file, if a record's files no longer hold the content it names (a rebuild between the
+    record and the read lock)."""
+    if problem := next((p for r in records if r is not None and (p := r.problem())), None):
+        raise DataChanged(f"{problem}: the data changed since it was recorded; a result now would not be of the "
+                          "recorded data. Rerun the stage that makes it, then evaluate again")
+
+
+def file_evaluation(checkpoint: CheckpointRecord, val_loss: float | None, hellaswag: dict[str, float] | None,
+                    data: dict[str, Any]) -> dict[str, Any]:
+    """Put an evaluation of `checkpoint`, scored on `data` (a `data_identity`), into its run's TensorBoard log and
+    ledger (the ledger last, atomically: a crash before it leaves the checkpoint unevaluated); returns the ledger
+    entry."""
     run_dir = RunDir(checkpoint.run_dir)
     result = {"val_loss": val_loss, "hellaswag": hellaswag}
     _write_tensorboard(run_dir, checkpoint.step, result)
     entry = {"checkpoint": checkpoint.path, "files": [asdict(f) for f in checkpoint.files], "step": checkpoint.step,
-             **result}
+             **result, "data": data}
     write_json(run_dir.evaluation(checkpoint.step), entry)
     return entry
 
@@ -138,12 +180,62 @@ def file_evaluation(checkpoint: CheckpointRecord, val_loss: float | None,
 # the scan of the runs (scheduled evaluation)
 
 
-def _run_inputs(run_dir: RunDir) -> tuple[str, ShardsRecord | None, EvalFileRecord | None]:
-    """(model, val shards, HellaSwag file) of a training run, from the config.json gpt2.train wrote."""
-    config = read_json(run_dir.config)
-    shards = ShardsRecord.from_manifest(Path(config["val_data"]).parent) if config.get("val_data") else None
-    hellaswag = EvalFileRecord.of(config["hellaswag"]) if config.get("hellaswag") else None
-    return config["model"], shards, hellaswag
+def recorded_data(run_dir: RunDir) -> dict[str, Any] | None:
+    """The `data_identity` the train stage recorded for the run (what it trains and is validated on), or None."""
+    return read_json(run_dir.data_identity) if run_dir.data_identity.exists() else None
+
+
+def data_as_recorded(run_dir: RunDir, recorded: dict[str, Any] | None) -> tuple[ShardsRecord | None,
+                                                                                EvalFileRecord | None]:
+    """The val shards and HellaSwag file the run recorded (`recorded_data`), as records of their files now;
+    DataChanged saying what differs where they changed, are gone, or nothing was recorded. (Each shard's bytes
+    are checked against the manifest when gpt2.evaluate reads it.)"""
+    if recorded is None:
+        raise DataChanged(
+            f"{run_dir.data_identity} is missing: the run recorded no identity of the val shards and HellaSwag file "
+            "it was trained on (trained outside the pipeline, or before its train stage recorded it), so a number "
+            "computed now could come from other data; evaluate it with `python -m gpt2.evaluate --checkpoint ... "
+            "--val-data ...` on the data it used, or train it again through the pipeline")
+    shards = _shards_now(recorded["val_shards"])
+    hellaswag = _eval_file_now(recorded["hellaswag"])
+    if difference := _difference(recorded, data_identity(shards, hellaswag)):
+        raise DataChanged(f"{difference}; a number computed now would come from other data than the run's")
+    return shards, hellaswag
+
+
+def _shards_now(recorded: dict[str, Any] | None) -> ShardsRecord | None:
+    if recorded is None:
+        return None
+    manifest = Path(recorded["manifest"])
+    try:
+        return ShardsRecord.from_manifest(manifest.parent)
+    except FileNotFoundError as e:
+        raise DataChanged(f"the val shards the run was trained on are gone: {e.filename or manifest} is missing "
+                          "(the dataset was deleted, moved or is being rebuilt)") from None
+
+
+def _eval_file_now(recorded: dict[str, Any] | None) -> EvalFileRecord | None:
+    if recorded is None:
+        return None
+    if not Path(recorded["path"]).is_file():
+        raise DataChanged(f"the HellaSwag file the run was trained with is gone: {recorded['path']} is missing")
+    return EvalFileRecord.of(recorded["path"])
+
+
+def _difference(recorded: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between the recorded data and the data now (two `data_identity`s), naming files and sha256s."""
+    if recorded["val_shards"] and recorded["val_shards"]["sha256"] != now["val_shards"]["sha256"]:
+        was, found = recorded["val_shards"]["sha256"], now["val_shards"]["sha256"]
+        changed = sorted(name for name in {*was, *found} if was.get(name) != found.get(name))
+        listing = ", ".join(f"{name} sha256 {found.get(name, 'none')[:16]} where the run recorded "
+                            f"{was.get(name, 'none')[:16]}" for name in changed)
+        return (f"the val shards changed since the run was trained on them: {now['val_shards']['manifest']} lists "
+                f"{listing} (the dataset was rebuilt from other documents or settings)")
+    if recorded["hellaswag"] and recorded["hellaswag"]["sha256"] != now["hellaswag"]["sha256"]:
+        return (f"the HellaSwag file changed since the run was trained with it: {now['hellaswag']['path']} has "
+                f"sha256 {now['hellaswag']['sha256'][:16]} where the run recorded "
+                f"{recorded['hellaswag']['sha256'][:16]}")
+    return None
 
 
 def scan_runs(runs_dir: str | Path, settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
@@ -171,11 +263,23 @@ def _evaluate_run(run_dir: RunDir, settings: EvalSettings) -> list[dict[str, Any
     if not run_dir.config.exists():
         get_run_logger().info("%s: no config.json yet (training has not started); skipped", run_dir.root)
         return []
-    model, shards, hellaswag = _run_inputs(run_dir)
+    model = read_json(run_dir.config)["model"]
+    recorded = recorded_data(run_dir)  # what the run trained on: results scored on it stand whatever happened since
+    try:
+        shards, hellaswag = data_as_recorded(run_dir, recorded)
+        unusable = None
+    except Exception as e:  # no checkpoint of the run is scored now; each is reported with this reason
+        shards = hellaswag = None
+        unusable = f"{type(e).__name__}: {e}"
     rows = []
     for step, path in list_checkpoints(run_dir.root):
         try:
-            rows.append(_evaluate_step(run_dir, step, path, model, shards, hellaswag, settings))
+            if done := read_evaluation(run_dir, step, recorded):  # without hashing the checkpoint again
+                rows.append(_row(run_dir, step, done, evaluated_now=False))
+            elif unusable:
+                rows.append(_skipped_row(run_dir, step, unusable))
+            else:
+                rows.append(_evaluate_step(run_dir, step, path, model, shards, hellaswag, settings))
         except Exception as e:  # one bad checkpoint never stops the others
             gone = not path.exists()  # pruned by its training run while the scan read it
             rows.append(_skipped_row(run_dir, step, "removed since the scan listed it (pruned by its training run)"
@@ -185,16 +289,18 @@ def _evaluate_run(run_dir: RunDir, settings: EvalSettings) -> list[dict[str, Any
 
 def _evaluate_step(run_dir: RunDir, step: int, path: Path, model: str, shards: ShardsRecord | None,
                    hellaswag: EvalFileRecord | None, settings: EvalSettings) -> dict[str, Any]:
-    """The table row of one checkpoint, evaluated now unless the ledger holds its evaluation."""
-    done = read_evaluation(run_dir, step)  # without hashing the checkpoint again
-    evaluated_now = done is None
-    if evaluated_now:
-        inside(path, run_dir.checkpoints)
-        checkpoint = CheckpointRecord.of(path, model)
-        record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
-        done = read_evaluation(run_dir, step)
-        if done is None:  # a cached result of another run's checkpoint with the same content
-            done = file_evaluation(checkpoint, record.val_loss, record.hellaswag)
+    """The table row of one checkpoint, evaluated now on the run's recorded data."""
+    inside(path, run_dir.checkpoints)
+    checkpoint = CheckpointRecord.of(path, model)
+    data = data_identity(shards, hellaswag)
+    record = evaluate_checkpoint(checkpoint, shards, hellaswag, settings)
+    done = read_evaluation(run_dir, step, data)
+    if done is None:  # a cached result of another run's checkpoint with the same content, scored on the same data
+        done = file_evaluation(checkpoint, record.val_loss, record.hellaswag, data)
+    return _row(run_dir, step, done, evaluated_now=True)
+
+
+def _row(run_dir: RunDir, step: int, done: dict[str, Any], evaluated_now: bool) -> dict[str, Any]:
     hs = done["hellaswag"] or {}
     return {"run": run_dir.root.name, "step": step, "val_loss": done["val_loss"], "acc": hs.get("acc"),
             "acc_norm": hs.get("acc_norm"), "evaluated_now": evaluated_now, "skipped": None}

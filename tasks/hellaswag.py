@@ -28,6 +28,11 @@ class EvalFileRecord(StageRecord):
         """What a stage reading the file holds the read lock of (tasks.common.reading)."""
         return Path(self.path).parent
 
+    @property
+    def sha256(self) -> str:
+        """The eval file's content identity (the first of `files`, see `of`)."""
+        return self.files[0].sha256
+
     @classmethod
     def of(cls, path: str | Path, extra_files: tuple[Path, ...] = ()) -> "EvalFileRecord":
         """The record of an eval file (plus files whose edits must invalidate it); the count is read from its
@@ -48,8 +53,17 @@ class EvalFileRecord(StageRecord):
                    source_sha256=manifest.get("source_sha256"))
 
 
-@task(name="hellaswag", cache_policy=StageCache(stage="hellaswag", code=HELLASWAG_CODE), persist_result=True,
-      **NETWORK_RETRIES)
+def _source_identity(source: str) -> str:
+    """What `source` stands for now, for the hellaswag stage's cache key: a local file by the sha256 of its bytes
+    (an edit, or a link pointed at another file, is another key); a URL as given."""
+    from common.files import sha256_file
+
+    return sha256_file(source) if Path(source).is_file() else source
+
+
+@task(name="hellaswag", cache_policy=StageCache(stage="hellaswag", code=HELLASWAG_CODE,
+                                                resolve=(("source", _source_identity),)),
+      persist_result=True, **NETWORK_RETRIES)
 def prepare_hellaswag(source: str, out_dir: str) -> EvalFileRecord:
     """HellaSwag val jsonl (URL or local file) -> llm.c eval file (data.hellaswag).
 

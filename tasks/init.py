@@ -65,6 +65,16 @@ class WeightsRecord(StageRecord):
     source: str  # `init` (llm.c's init from the seed), `checkpoint`, `llmc` or `hf`
 
 
+def _weights_identity(init_from: str) -> dict[str, str]:
+    """What `init_from` stands for now, by content, for the init stage's cache key: the sha256 of each file of the
+    weights it resolves to (gpt2.weights.resolve_source: a run directory is its newest checkpoint that verifies,
+    so a run that gained a checkpoint is another key)."""
+    from gpt2.weights import resolve_source
+
+    source = resolve_source(Path(init_from).resolve())
+    return {f"{source.kind}:{f.name}": digest for f, digest in source.file_digests().items()}
+
+
 def _existing_weights(init_from: str, model: str) -> WeightsRecord:
     """The record of a weight source whose shape is `model`'s; ValueError naming both otherwise. A run directory
     is recorded as the checkpoint it stands for (gpt2.weights.resolve_source), which training then starts from."""
@@ -80,7 +90,8 @@ def _existing_weights(init_from: str, model: str) -> WeightsRecord:
     return WeightsRecord(files=files, path=str(source.path), model=model, source=source.kind)
 
 
-@task(name="init", cache_policy=StageCache(stage="init", code=MODEL_CODE), persist_result=True)
+@task(name="init", cache_policy=StageCache(stage="init", code=MODEL_CODE, resolve=(("init_from", _weights_identity),)),
+      persist_result=True)
 def init_model(model: str, seed: int, out_dir: str, init_from: str | None = None) -> WeightsRecord:
     """The weights training starts from: `init_from` as it is, or llm.c's init of `model` from `seed` written
     as a step-0 checkpoint under `out_dir`."""

@@ -30,6 +30,11 @@ class ShardsRecord(StageRecord):
         """What a stage reading the shards holds the read lock of (tasks.common.reading)."""
         return Path(self.out_dir)
 
+    def split_sha256(self, split: str) -> dict[str, str]:
+        """{shard file name: sha256} of the shards of `split` ("val", "train"), as the manifest lists them."""
+        digests = {Path(f.path).name: f.sha256 for f in self.files}
+        return {name: digests[name] for name, of_split, _ in self.shards if of_split == split}
+
     @classmethod
     def from_manifest(cls, out_dir: str | Path) -> "ShardsRecord":
         """The record of a finished shard folder; shard hashes come from its manifest, not re-hashing."""

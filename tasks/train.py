@@ -26,6 +26,7 @@ from common.files import read_json, write_json
 from common.paths import under
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines, reading
+from tasks.evaluate import data_identity
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
 from tasks.cancel_watch import watch_for_cancellation
@@ -139,6 +140,7 @@ class _TrainCache(StageCache):
     port or Slurm partition does not retrain), and runs_dir."""
 
     def key_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        inputs = super().key_inputs(inputs)
         world = world_shape(*(inputs[name] for name in _LAUNCH_INPUTS))
         rest = {k: v for k, v in inputs.items() if k not in _LAUNCH_INPUTS}
         return {**rest, "world": world}
@@ -169,11 +171,12 @@ def train(
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
     # the shards and the HellaSwag file stay as they are until training ends: a tokenize or hellaswag rerun waits
     with reading(shards, hellaswag):
-        return _launch(run_dir, run_id, settings, wired, nproc, nnodes, rendezvous, launcher, slurm)
+        return _launch(run_dir, run_id, settings, wired, data_identity(shards, hellaswag), nproc, nnodes, rendezvous,
+                       launcher, slurm)
 
 
-def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[str, Any], nproc: int, nnodes: int,
-            rendezvous: Rendezvous, launcher: Launcher, slurm: SlurmSettings) -> TrainRecord:
+def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[str, Any], data: dict[str, Any],
+            nproc: int, nnodes: int, rendezvous: Rendezvous, launcher: Launcher, slurm: SlurmSettings) -> TrainRecord:
     from gpt2.train_config import validate_train_settings
 
     # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
@@ -182,6 +185,8 @@ def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[
     logger = get_run_logger()
     with run_dir.lock(wait=True, on_wait=logger.warning):  # never rewrite the config of a run being trained
         write_json(run_dir.launch_config, config.to_dict())
+        # the val shards and HellaSwag file by content: the scheduled scan scores the run's checkpoints on them only
+        write_json(run_dir.data_identity, data)
 
     logger.info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root, nproc, nnodes,
                 launcher)
@@ -241,7 +246,9 @@ def _train_record(run_dir: RunDir, config: TrainConfig, job: SlurmJobRecord | No
                 key=artifact_key("train-summary", run_dir.root.name),
                 description="final loss, tokens/s and MFU against the reference points")
     return TrainRecord(
-        files=final.files + (FileRef.of(run_dir.summary),), run_dir=str(run_dir.root), checkpoint=final,
+        # the data record is one of its files: a run whose record went missing is trained (resumed) again, writing it
+        files=final.files + (FileRef.of(run_dir.summary), FileRef.of(run_dir.data_identity)), run_dir=str(run_dir.root),
+        checkpoint=final,
         steps=final.step, tokens=tokens, train_loss=figures["train_loss"], val_loss=figures["val_loss"],
         tokens_per_s=figures["tokens_per_s"], mfu=figures["mfu"], loss_curve=str(curve), rejected_checkpoints=rejected,
         slurm_job=job,

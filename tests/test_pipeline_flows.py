@@ -402,7 +402,9 @@ def test_the_scheduled_scan_runs_no_code_from_a_planted_checkpoint(smoke, tmp_pa
 
     planted = RunDir(tmp_path / "runs" / "planted")
     planted.root.mkdir(parents=True)
-    shutil.copy(RunDir(smoke.records["train"].run_dir).config, planted.config)  # a real run's inputs
+    trained = RunDir(smoke.records["train"].run_dir)
+    shutil.copy(trained.config, planted.config)  # a real run's inputs
+    shutil.copy(trained.data_identity, planted.data_identity)
     marker = tmp_path / "code-ran"
     plant_malicious_checkpoint(planted.checkpoint(7), marker, step=7)
 

@@ -1,8 +1,9 @@
 """Integrity of the outputs, probed through a real server and worker with the commands a user types
 (`prefect deployment run ... --param ...`): names stay names and paths stay under `root` (symlinks included),
 one writer per output folder at a time and none while a training run reads it, a failed rebuild deletes nothing, the cache re-verifies completeness
-markers and keys on the world shape, the scheduled scan survives any bad checkpoint, and the leftovers of a
-killed writer are removed at the next start. The suite's shared server and worker; tests share its artifacts.
+markers and keys on what inputs resolve to (the world shape, a run directory's newest checkpoint), the scheduled
+scan survives any bad checkpoint and files a result only under the run whose data it came from, and the leftovers
+of a killed writer are removed at the next start. The suite's shared server and worker; tests share its artifacts.
 """
 
 from __future__ import annotations
@@ -214,6 +215,35 @@ def test_another_world_shape_is_not_served_from_cache(server, worker):
         wait_for_final_state(server, flow_run_id, 120)
 
 
+def _init_source(server, flow_run_id: str) -> str:
+    """The weights the init stage recorded, as it logged them (logs reach the server in batches, seconds late)."""
+    def logged() -> str | None:
+        return next((m for m in flow_run_logs(server, flow_run_id) if m.startswith("training starts from ")), None)
+
+    return wait_for(logged, 60) or f"nothing logged by flow run {flow_run_id}"
+
+
+def test_init_from_a_run_directory_is_keyed_on_its_newest_checkpoint(server, worker, trained, tmp_path):
+    """init_from=<run dir> was served from cache (still step 20) after the run gained a newer checkpoint that
+    verifies: the key held the folder, not what it resolved to (issue 42, defect 6)."""
+    from gpt2.checkpoint import load_checkpoint, model_from_state, save_checkpoint
+
+    source = tmp_path / "source-run"  # a run of its own, so that no other test sees its new checkpoint
+    shutil.copytree(trained, source, ignore=shutil.ignore_patterns("evaluations", "tensorboard", "LOCK"))
+    step_20 = source / "checkpoints" / "step_00000020"
+    first = completed(server, "gpt2-init/smoke", f"init_from={source}")
+    assert task_states(server, first)["init"] == "Completed" and str(step_20) in _init_source(server, first)
+    again = completed(server, "gpt2-init/smoke", f"init_from={source}")
+    assert task_states(server, again)["init"] == "Cached"  # nothing changed: the key holds still
+
+    state = load_checkpoint(step_20)  # the run trains on: a newer checkpoint, which verifies
+    model = model_from_state(state)
+    save_checkpoint(source, 22, {**state, "step": 22, "model": model.state_dict()}, model)
+    after = completed(server, "gpt2-init/smoke", f"init_from={source}")
+    assert task_states(server, after)["init"] == "Completed", "init_from=<run dir> was served from cache"
+    assert str(source / "checkpoints" / "step_00000022") in _init_source(server, after)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the scheduled scan
 
@@ -230,10 +260,11 @@ def _artifact_rows(server, flow_run_id: str) -> list[dict]:
 
 
 def _copy_run(run_dir: Path, dest: Path) -> Path:
-    """A copy of a run's config and its newest complete checkpoint (what the scan reads)."""
+    """A copy of a run's config, its data record and its newest complete checkpoint (what the scan reads)."""
     final = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file())[-1]
     shutil.copytree(final, dest / "checkpoints" / final.name)
-    shutil.copy2(run_dir / "config.json", dest / "config.json")
+    for name in ("config.json", "data_identity.json"):
+        shutil.copy2(run_dir / name, dest / name)
     return dest / "checkpoints" / final.name
 
 
@@ -255,16 +286,17 @@ def test_the_scheduled_scan_skips_and_reports_each_bad_checkpoint(server, worker
     no_manifest = _copy_run(trained, runs / "no-manifest").parent.parent
     val = tmp_path / "val"
     val.mkdir()
-    config = json.loads((no_manifest / "config.json").read_text())
-    shards = Path(config["val_data"]).parent
+    data = json.loads((no_manifest / "data_identity.json").read_text())
+    shards = Path(data["val_shards"]["manifest"]).parent
     for shard in shards.glob("*_val_*.bin"):
         shutil.copy2(shard, val / shard.name)
-    config["val_data"] = str(val / "smoke_val_000000.bin")
-    (no_manifest / "config.json").write_text(json.dumps(config))
+    data["val_shards"]["manifest"] = str(val / "manifest.json")  # the run's val shards, without their manifest
+    (no_manifest / "data_identity.json").write_text(json.dumps(data))
     elsewhere = tmp_path / "elsewhere"
     _copy_run(trained, elsewhere)
     (runs / "planted").mkdir()
-    shutil.copy2(trained / "config.json", runs / "planted" / "config.json")
+    for name in ("config.json", "data_identity.json"):
+        shutil.copy2(trained / name, runs / "planted" / name)
     (runs / "planted" / "checkpoints").symlink_to(elsewhere / "checkpoints")
 
     flow_run_id, state = run(server, "gpt2-evaluate/scheduled", "runs_dir=artifacts/scanned")
@@ -277,6 +309,52 @@ def test_the_scheduled_scan_skips_and_reports_each_bad_checkpoint(server, worker
         assert why in rows[bad]["skipped"], rows[bad]
     assert not (elsewhere / "evaluations").exists() and not (elsewhere / "tensorboard").exists()
     assert str(hostname) not in "".join(p.read_text() for p in runs.rglob("evaluations/*.json"))
+
+
+def _val_losses(rows: list[dict], run: str) -> dict[int, float | None]:
+    return {row["step"]: row["val_loss"] for row in rows if row["run"] == run}
+
+
+def test_the_scan_scores_a_run_only_on_the_data_it_recorded(server, worker, tmp_path):
+    """A run's dataset rebuilt from another corpus under the same name: the scan filed val losses computed on the
+    new shards under the run (issue 42, defect 5). Now each evaluation in the ledger names the val shards and
+    HellaSwag file it was scored on, and a checkpoint whose run's data changed is skipped with the reason."""
+    completed(server, "gpt2-train/smoke", "run_name=refiled", "dataset=refiled")
+    runs = server.tree / "artifacts" / "runs" / "refiled"
+    (run_dir,) = runs.iterdir()
+    metrics = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    logged = {r["step"]: r["val_loss"] for r in metrics if r.get("kind") == "val"}
+    steps = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("step_*"))
+    val_shard = server.tree / "artifacts" / "data" / "refiled" / "shards" / "refiled_val_000000.bin"
+    trained_on = hashlib.sha256(val_shard.read_bytes()).hexdigest()
+
+    scanned = completed(server, "gpt2-evaluate/scheduled", "runs_dir=artifacts/runs/refiled")
+    training_numbers = {step: pytest.approx(logged[step], abs=1e-6) for step in steps}
+    assert _val_losses(_artifact_rows(server, scanned), run_dir.name) == training_numbers  # its data: its numbers
+
+    not_yet_scanned = runs / "not-yet-scanned"  # the same run's checkpoints, which no scan has evaluated yet
+    shutil.copytree(run_dir, not_yet_scanned, ignore=shutil.ignore_patterns("evaluations", "tensorboard", "LOCK"))
+    other = tmp_path / "other-corpus"  # the same documents in the opposite order: other val tokens
+    other.mkdir()
+    documents = (REPO / "tests" / "fixtures" / "pipeline" / "corpus.jsonl").read_text().splitlines(keepends=True)
+    (other / "corpus.jsonl").write_text("".join(reversed(documents)))
+    completed(server, "gpt2-tokenize/smoke", "dataset=refiled", f"source={other}")
+    assert hashlib.sha256(val_shard.read_bytes()).hexdigest() != trained_on
+
+    rescanned = completed(server, "gpt2-evaluate/scheduled", "runs_dir=artifacts/runs/refiled")
+    rows = _artifact_rows(server, rescanned)
+    assert "evaluate" not in task_states(server, rescanned), "a checkpoint was scored on the rebuilt shards"
+    assert _val_losses(rows, run_dir.name) == training_numbers  # scored on its own data before: those numbers stand
+    skipped = {row["step"]: row["skipped"] for row in rows if row["run"] == not_yet_scanned.name}
+    assert sorted(skipped) == steps and _val_losses(rows, not_yet_scanned.name) == {step: None for step in steps}
+    for why in skipped.values():
+        assert "the val shards changed since the run was trained on them" in why and val_shard.name in why, why
+    assert not (not_yet_scanned / "evaluations").exists() and not (not_yet_scanned / "tensorboard").exists()
+    for step in steps:  # each evaluation names the data it was scored on
+        data = json.loads((run_dir / "evaluations" / f"step_{step:08d}.json").read_text()).get("data")
+        assert data and data["val_shards"]["sha256"] == {val_shard.name: trained_on}, data
+        assert data["hellaswag"]["sha256"] == json.loads((run_dir / "data_identity.json").read_text())["hellaswag"][
+            "sha256"]
 
 
 def test_a_rebuild_of_the_shards_a_training_run_reads_waits_until_training_ends(server, worker):
