@@ -383,10 +383,12 @@ def test_a_rebuild_of_the_shards_a_training_run_reads_waits_until_training_ends(
 
 
 def test_a_killed_inits_temporary_folder_is_removed_at_the_next_start(server, worker):
-    completed(server, "gpt2-init/smoke")
-    (checkpoints,) = (server.tree / "artifacts" / "init").glob("*/checkpoints")
+    inits = server.tree / "artifacts" / "init"
+    others = set(inits.glob("*/checkpoints"))
+    completed(server, "gpt2-init/smoke", "seed=424242")  # a seed of its own: weights no other test made
+    (checkpoints,) = set(inits.glob("*/checkpoints")) - others
     leftover = checkpoints / ".tmp_step_00000000_424242"  # what a SIGKILL during the write leaves
     leftover.mkdir()
     (leftover / "state.safetensors").write_bytes(os.urandom(1 << 20))
-    completed(server, "gpt2-init/smoke", "force=true")
+    completed(server, "gpt2-init/smoke", "seed=424242", "force=true")
     assert not leftover.exists()
