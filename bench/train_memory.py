@@ -8,8 +8,9 @@ CUDA graph is captured, and after optimizer steps 1, 2 and 5.
 
 A report line reads: `used`, the device's memory in use (what nvidia-smi shows: run nothing else on the GPU);
 `non-torch`, used less the allocator's reserve (CUDA context, loaded kernels, library handles); `reserved`
-and `alloc`, the allocator's figures now (and at their peak); then per pool what it reserves and what is
-allocated in it. Pool (0, 0) is the default one (parameters, gradients, optimizer state, the eager
+and `alloc`, the allocator's figures now (and at their peak); `inactive split`, free blocks inside segments that
+also hold allocations (fragmentation); then per pool what it reserves, what is allocated in it, its segments,
+and the free bytes of its segments that also hold allocations. Pool (0, 0) is the default one (parameters, gradients, optimizer state, the eager
 micro-steps); the CUDA graph's pool holds the captured micro-step's activations for good.
 """
 
@@ -31,16 +32,22 @@ def report(where: str) -> None:
     torch.cuda.synchronize()
     stats = torch.cuda.memory_stats()
     free, total = torch.cuda.mem_get_info()
-    pools: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])  # pool -> [reserved, allocated]
+    # pool -> [reserved, allocated, segments, free bytes in segments that also hold allocations (split)]
+    pools: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     for segment in torch.cuda.memory_snapshot():
         pool = pools[str(segment.get("segment_pool_id"))]
         pool[0] += segment["total_size"]
         pool[1] += segment["allocated_size"]
+        pool[2] += 1
+        if segment["allocated_size"]:
+            pool[3] += segment["total_size"] - segment["allocated_size"]
     used, reserved = (total - free) / MiB, stats.get("reserved_bytes.all.current", 0) / MiB
     print(f"[memory {where}] used {used:.0f} MiB | non-torch {used - reserved:.0f} | reserved {reserved:.0f} "
           f"(peak {stats.get('reserved_bytes.all.peak', 0) / MiB:.0f}) | alloc "
           f"{stats.get('allocated_bytes.all.current', 0) / MiB:.0f} (peak {stats.get('allocated_bytes.all.peak', 0) / MiB:.0f}) | "
-          + "; ".join(f"pool {name}: {r / MiB:.0f} reserved, {a / MiB:.0f} allocated" for name, (r, a) in pools.items()),
+          f"inactive split {stats.get('inactive_split_bytes.all.current', 0) / MiB:.0f} | "
+          + "; ".join(f"pool {name}: {r / MiB:.0f} reserved, {a / MiB:.0f} allocated, {n} segments, "
+                      f"{split / MiB:.0f} free in split segments" for name, (r, a, n, split) in pools.items()),
           flush=True)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -119,17 +119,20 @@ class MicroStepGraph:
     (the CuTe DSL kernels of the gpu extra take tens of microseconds of Python each).
 
     The first `warmup` micro-steps run eagerly (torch.compile compiles, Triton's kernels build); the next
-    is captured. A graph replays fixed addresses, so inputs are copied into static buffers, and gradients
+    is captured, after `before_capture` (gpt2.train: the optimizer's state, made now rather than at the first
+    update, so that PyTorch's allocated-bytes peak sees it beside the graph's activations). A graph replays fixed addresses, so inputs are copied into static buffers, and gradients
     are summed into `gradients` (FlatGradients), whose views are the parameters' .grad from every step's
     first micro-step on, eager or replayed. Under torchrun the model is not DDP-wrapped: forward_backward
     averages `gradients` over the ranks after the last micro-step, in one all-reduce outside the graph.
     """
 
-    def __init__(self, model: nn.Module, grad_accum: int, device: torch.device, dtype: str, warmup: int = 3):
+    def __init__(self, model: nn.Module, grad_accum: int, device: torch.device, dtype: str, warmup: int = 3,
+                 before_capture: Callable[[], None] | None = None):
         if isinstance(model, DDP):
             raise ValueError("MicroStepGraph averages gradients over ranks itself; pass the model without DDP")
         self.model, self.grad_accum, self.device, self.dtype = model, grad_accum, device, dtype
         self.warmup = warmup
+        self.before_capture = before_capture
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.gradients = FlatGradients(model.parameters())
@@ -155,6 +158,8 @@ class MicroStepGraph:
         """Records one micro-step (capturing runs nothing: the caller replays it for this batch)."""
         self.static_x = torch.empty(x.shape, dtype=x.dtype, device=self.device)  # contiguous
         self.static_y = torch.empty(y.shape, dtype=y.dtype, device=self.device)
+        if self.before_capture is not None:  # e.g. the optimizer's state: allocated beside the graph's pool, not after
+            self.before_capture()
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()  # the eager micro-steps' cached blocks: the graph's pool replaces them
         self.graph = torch.cuda.CUDAGraph()

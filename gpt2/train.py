@@ -248,7 +248,8 @@ def _train(config: TrainConfig, model_config: GPTConfig, run_dir: RunDir, ctx: D
     sdpa_backend = _configure_cuda(config, model_config, ctx, use_kernels)
     start = _starting_point(run_dir, config, model_config, ctx, use_kernels)
     run = _build_run(config, model_config, ctx, use_compile, use_kernels, use_graphs, master_weights, start)
-    graph = step_fns.MicroStepGraph(run.model, grad_accum, ctx.device, config.dtype) if use_graphs else None
+    graph = step_fns.MicroStepGraph(run.model, grad_accum, ctx.device, config.dtype,
+                                    before_capture=getattr(run.optimizer, "allocate_state", None)) if use_graphs else None
 
     num_params = run.raw_model.num_parameters()
     flops_per_step = flops_per_token(model_config, num_params, config.seq_len) * config.total_batch_size

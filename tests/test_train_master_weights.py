@@ -160,6 +160,57 @@ def test_a_parameter_without_a_gradient_leaves_the_others_rounding_unchanged():
     assert torch.equal(ends[2][2], kept)
 
 
+def _run(steps: int, piece: int | None = None, allocate_first: bool = False) -> list[torch.Tensor]:
+    """The parameters and masters after `steps` steps; `piece`: elements rounded in one launch."""
+    model = _model()
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, master_weights=True, seed=7)
+    if piece is not None:
+        optimizer.ROUNDING_PIECE = piece
+    if allocate_first:
+        optimizer.allocate_state()
+    for step in range(steps):
+        _grads(model, step)
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()] + \
+        [optimizer.state[p]["master"].clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("piece", [1, 100, 3072])
+def test_rounding_in_pieces_gives_the_bits_of_one_launch(piece):
+    """The rounding runs over pieces of whole parameters (a piece of 1 element: each parameter alone; 3072: the
+    first matrix alone, then the rest together), each at its offset: the same parameters, bit for bit, as one
+    launch over the whole buffer."""
+    whole = _run(3, piece=2**40)
+    for a, b in zip(whole, _run(3, piece=piece)):
+        assert torch.equal(a, b)
+
+
+def test_pieces_cover_every_parameter_once_within_the_limit():
+    from gpt2.optim import _contiguous_runs
+
+    params = [torch.zeros(n) for n in (5, 3, 4, 9, 2)]
+    offsets = dict(zip(params, (0, 5, 8, 12, 21)))
+    runs = _contiguous_runs(params, offsets, max_elements=8)
+    assert [[int(p.numel()) for p in run] for _, run in runs] == [[5, 3], [4], [9], [2]]
+    assert [start for start, _ in runs] == [0, 8, 12, 21]
+    # a parameter without a gradient splits a piece where it is missing
+    runs = _contiguous_runs([params[0], params[2]], offsets, max_elements=100)
+    assert [start for start, _ in runs] == [0, 8]
+
+
+def test_state_allocated_before_the_first_step_changes_nothing():
+    """allocate_state (called before a CUDA graph is captured) makes the masters and moments the first step would
+    make: the run is the same bit for bit, and the state exists, zeroed, before any step."""
+    model = _model()
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, master_weights=True, seed=7)
+    optimizer.allocate_state()
+    for p in model.parameters():
+        state = optimizer.state[p]
+        assert torch.equal(state["master"], p.detach()) and not state["exp_avg"].any() and state["step"] == 0
+    for a, b in zip(_run(3), _run(3, allocate_first=True)):
+        assert torch.equal(a, b)
+
+
 def test_masters_loaded_into_state_directly_are_used():
     """ZeRO-1 loads a checkpoint by writing each owned parameter's state itself, not through load_state_dict:
     the optimizer must update the masters it finds there, not its earlier buffer."""
