@@ -69,8 +69,9 @@ def eval_file_examples(path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def trained(server, worker) -> Path:
+def trained(server) -> Path:
     """The smoke training run (run_name=integrity): its run directory."""
+    server.worker()
     completed(server, "gpt2-train/smoke", "run_name=integrity")
     (run_dir,) = (server.tree / "artifacts" / "runs" / "integrity").iterdir()
     return run_dir
