@@ -1,6 +1,6 @@
 """Readers of our own logs never kill work: each reader of metrics.jsonl skips a line it cannot parse and names
 the file and line once; writers append whole lines, and a torn tail (a crash mid-write) is cut before the next
-record, never continued by it (common.files owns both). Issue 42, defect 1: the line below, inserted as the 4th
+record, never continued by it (common.files owns both). Before, the line below, inserted as the 4th
 line of metrics.jsonl, failed the train stage on every rerun."""
 
 from __future__ import annotations

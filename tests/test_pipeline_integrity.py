@@ -197,7 +197,7 @@ def test_another_world_shape_is_not_served_from_cache(server, worker):
 
 
 def test_a_bad_line_in_metrics_jsonl_is_named_and_skipped_and_training_completes(server, worker, trained):
-    """Issue 42, defect 1: this line as the 4th of metrics.jsonl made the train stage's progress reader raise
+    """Before: this line as the 4th of metrics.jsonl made the train stage's progress reader raise
     JSONDecodeError, and the train task failed on every rerun."""
     metrics = trained / "metrics.jsonl"
     lines = metrics.read_text().splitlines(keepends=True)

@@ -158,7 +158,7 @@ def _corpus(path, documents: int = 30_000, words: int = 300):
 
 
 def test_an_outage_during_tokenizes_progress_updates_costs_an_update_not_the_stage(prefect_server, tmp_path):
-    """Issue 42, defect 2: with the server away during tokenize, `update_progress_artifact` raised ConnectError
+    """Before: with the server away during tokenize, `update_progress_artifact` raised ConnectError
     and failed the stage and the flow. The relay cuts the flow's connection to the server at tokenize's first
     progress update and restores it a second later (client retries off, so the update fails at once)."""
     from prefect.client.orchestration import get_client

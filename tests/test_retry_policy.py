@@ -129,7 +129,7 @@ def test_a_bug_in_what_is_reported_still_raises():
 
 
 def test_the_progress_reporter_of_every_stage_outlives_an_api_that_is_away():
-    """Issue 42, defect 2: tokenize's progress update raised ConnectError and failed the stage. The one reporter
+    """Before: tokenize's progress update raised ConnectError and failed the stage. The one reporter
     (tasks.progress) drops an update the API does not take, pauses, and still tries the last one."""
     import logging
 

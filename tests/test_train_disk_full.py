@@ -100,7 +100,7 @@ def test_a_full_disk_fails_the_checkpoint_at_once_naming_it_and_the_previous_one
 
 
 def test_a_disk_that_fills_during_training_is_one_named_error_nothing_torn_and_the_rerun_resumes(tmp_path, small_disk):
-    """Issue 42, defect 7: a TensorBoard thread traceback, then `OSError: [Errno 28] No space left on device` with no
+    """Before: a TensorBoard thread traceback, then `OSError: [Errno 28] No space left on device` with no
     path or byte counts, and metrics.jsonl torn mid-record."""
     out_dir = small_disk / "run"
     assert _train(tmp_path, out_dir, max_steps=2).returncode == 0  # the checkpoint at step 2: the resume point
@@ -139,17 +139,19 @@ def test_metrics_and_tensorboard_records_go_down_whole_or_raise_disk_full_naming
     run_dir = RunDir(small_disk / "run")
     run_dir.root.mkdir()
     logger = MetricsLogger(run_dir, enabled=True, start_step=0, max_steps=10**6)
-    filler = fill(small_disk)
-    with pytest.raises(OSError) as raised:
-        for step in range(10**5):  # the last pages of the files fill first
-            logger.log({"step": step, "kind": "train", "loss": 2.5, "lr": 1e-3}, "train")
-    path, needed, free = disk_full(f"{raised.value}")
-    assert path == str(run_dir.metrics) or Path(path).parent == run_dir.tensorboard, path
-    assert needed > free
-    logged = whole_lines(run_dir.metrics)
-    filler.unlink()
-    logger.log({"step": len(logged), "kind": "train", "loss": 2.5}, "train")  # the space back: it goes on
-    logger.close()
+    try:  # closed whatever happens: an open file keeps the tmpfs from being unmounted
+        filler = fill(small_disk)
+        with pytest.raises(OSError) as raised:
+            for step in range(10**5):  # the last pages of the files fill first
+                logger.log({"step": step, "kind": "train", "loss": 2.5, "lr": 1e-3}, "train")
+        path, needed, free = disk_full(f"{raised.value}")
+        assert path == str(run_dir.metrics) or Path(path).parent == run_dir.tensorboard, path
+        assert needed > free
+        logged = whole_lines(run_dir.metrics)
+        filler.unlink()
+        logger.log({"step": len(logged), "kind": "train", "loss": 2.5}, "train")  # the space back: it goes on
+    finally:
+        logger.close()
     assert [r["step"] for r in whole_lines(run_dir.metrics)] == list(range(len(logged) + 1))
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

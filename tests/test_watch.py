@@ -89,7 +89,7 @@ def _a_flow_that_trains_for_a_while(started: queue.Queue, steps: int, step_s: fl
 
 @pytest.mark.slow
 def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_server, tmp_path):
-    """Issue 42, defect 2: run.sh's watcher died with an httpx traceback when the server went away, and run.sh
+    """Before: run.sh's watcher died with an httpx traceback when the server went away, and run.sh
     printed `finished with exit code 1` while the run went on. Here `python -m flows.watch`, as run.sh starts
     it, reaches the server through a relay that is cut for 8 s mid-run (client retries off, so every request of
     the outage fails at once); the run itself goes on, on the server."""
