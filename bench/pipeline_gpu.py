@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_path, write_json
+from gpt2.metrics import read_metrics
 from gpt2.run_dir import RunDir
-from tasks.report import read_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS_SOURCE = REPO / "tests" / "fixtures" / "pipeline" / "corpus.jsonl"

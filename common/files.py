@@ -1,5 +1,5 @@
-"""Small file helpers shared by every layer: atomic writes (files and directories), JSON and JSON lines,
-hashing."""
+"""Small file helpers shared by every layer: atomic writes (files and directories), appends of whole records,
+JSON and JSON lines, hashing; every writer here names a full disk (`DiskFull`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+_logger = logging.getLogger(__name__)
 
 # errnos of a full disk or an exhausted quota, and how Rust libraries (safetensors) spell them in messages
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -102,35 +105,49 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def _tree_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_directory(path: str | os.PathLike, size: int | None = None) -> Iterator[Path]:
     """Yield an empty hidden directory next to `path` to fill; on success make its files durable and rename
     it to `path` (replacing an existing one), on error delete it.
 
     A crash leaves at most a `.tmp_*` directory behind (`remove_stale_tmp_dirs` clears them), never a
     half-written directory under the final name. The caller writes any marker that vouches for the other
-    files last, inside the block.
+    files last, inside the block. A full disk raises DiskFull naming `path` and `size` (the bytes to be
+    written; unknown: what was written until then).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TMP_DIR_PREFIX}{path.name}_{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    try:
-        yield tmp
-        mode = new_file_mode()
-        for file in tmp.iterdir():
-            if file.is_file():  # one mode for all: some writers (safetensors) create their files 0600
-                file.chmod(mode)
-            with open(file, "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(tmp)
-        if path.exists():  # rename cannot replace a non-empty directory: drop the old copy first
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    written = size
+    with naming_disk_full(path, lambda: written or 0):  # outside the clean-up: the free space it reports is real
+        try:
+            yield tmp
+            _publish_directory(tmp, path)
+        finally:
+            if written is None and tmp.exists():
+                written = _tree_bytes(tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _publish_directory(tmp: Path, path: Path) -> None:
+    """Make `tmp`'s files durable and rename it to `path`, replacing an existing one."""
+    mode = new_file_mode()
+    for file in tmp.iterdir():
+        if file.is_file():  # one mode for all: some writers (safetensors) create their files 0600
+            file.chmod(mode)
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+    fsync_dir(tmp)
+    if path.exists():  # rename cannot replace a non-empty directory: drop the old copy first
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def new_file_mode() -> int:
@@ -173,18 +190,158 @@ def read_json(path: str | os.PathLike) -> dict:
         raise ValueError(f"{e}; delete it and rerun the stage") from e
 
 
+def warn(message: str) -> None:
+    """The default way a reader names what it skipped: a warning on the `common.files` logger (stderr when
+    logging is not configured, e.g. in gpt2.train)."""
+    _logger.warning("%s", message)
+
+
 def iter_jsonl_records(
-    path: str | os.PathLike, error: type[Exception] = ValueError, name: str | None = None
+    path: str | os.PathLike, error: type[Exception] = ValueError, name: str | None = None,
+    skip_bad: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[str, object]]:
-    """("FILE line N", parsed value) for each non-blank line; a line that is not JSON raises `error`
-    naming the file and line. `name` replaces the path in messages (e.g. the URL it came from)."""
-    name = name or str(path)
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{name} line {line_no}"
+    """("FILE line N", parsed value) for each non-blank line. A line that is not JSON raises `error` naming the
+    file and line; with `skip_bad` (the readers of our own logs, which one bad line must never stop) it is
+    skipped instead and named once through `skip_bad`. `name` replaces the path in messages (e.g. the URL it
+    came from)."""
+    # a log's damaged bytes are one bad line; an input's are an error (never silently replaced)
+    with open(path, encoding="utf-8", errors="strict" if skip_bad is None else "replace") as f:
+        yield from _parsed_lines(enumerate(f, start=1), name or str(path), error, skip_bad)
+
+
+def _parsed_lines(numbered: Iterable[tuple[int, str]], name: str, error: type[Exception],
+                  skip_bad: Callable[[str], None] | None) -> Iterator[tuple[str, object]]:
+    """The one place a line of a JSON-lines file is parsed (iter_jsonl_records, JsonLinesTail)."""
+    for line_no, line in numbered:
+        if not line.strip():
+            continue
+        where = f"{name} line {line_no}"
+        try:
             yield where, parse_json(line, where, error)
+        except error as e:
+            if skip_bad is None:
+                raise
+            skip_bad(f"{e}; line skipped")
+
+
+class JsonLinesTail:
+    """The whole lines appended to a JSON-lines log since the last look (`new_records`), for a reader that
+    follows a log while it is written: a line still being written waits for the next look, a file replaced
+    or shortened is read again from its start, and a bad line is skipped and named once through `skip_bad`."""
+
+    def __init__(self, path: str | os.PathLike, skip_bad: Callable[[str], None] = warn):
+        self.path, self.skip_bad = Path(path), skip_bad
+        self.offset, self.lines_read, self.inode = 0, 0, None
+
+    def new_records(self) -> list[object]:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return []
+        if stat.st_ino != self.inode or stat.st_size < self.offset:  # replaced (a resume rewrites it): reread
+            self.inode, self.offset, self.lines_read = stat.st_ino, 0, 0
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        lines = complete.decode(errors="replace").split("\n")[:-1]
+        numbered = enumerate(lines, start=self.lines_read + 1)
+        self.lines_read += len(lines)
+        return [record for _, record in _parsed_lines(numbered, str(self.path), ValueError, self.skip_bad)]
+
+
+def read_log_records(path: str | os.PathLike, skip_bad: Callable[[str], None] = warn) -> list[dict]:
+    """The JSON objects of one of our own JSON-lines logs (metrics.jsonl, ...), oldest first; [] if there is
+    none. A line that is not a JSON object (torn by a crash, edited by hand) is skipped and named once through
+    `skip_bad`: a reader of a log never kills the work it reports on."""
+    if not Path(path).exists():
+        return []
+    records = []
+    for where, record in iter_jsonl_records(path, skip_bad=skip_bad):
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            skip_bad(f"{where}: a {type(record).__name__}, not a JSON object; line skipped")
+    return records
+
+
+class AppendOnlyFile:
+    """A file that grows by whole records only (`append`): a record the disk cannot take is cut back off and
+    raised as DiskFull naming the file, the record's bytes and the free space, so the file never ends torn
+    by a write of ours. Also a file object for writers that frame their own records (TensorBoard's)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        with naming_disk_full(self.path, 0):
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+
+    def append(self, data: bytes) -> None:
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:  # a short write (the disk filled up mid-record) goes on until it raises
+                view = view[os.write(self.fd, view):]
+        except OSError as e:
+            os.ftruncate(self.fd, end)  # the part that fitted goes: the file ends after the record before
+            if is_disk_full(e):
+                raise DiskFull(self.path, len(data)) from e
+            raise
+
+    write = append  # the file-object face (tensorboard's RecordWriter writes one framed record per call)
+
+    def flush(self) -> None:
+        """Nothing to do: every append went to the operating system whole."""
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    @property
+    def closed(self) -> bool:
+        return self.fd < 0
+
+
+class JsonLinesFile(AppendOnlyFile):
+    """A JSON-lines log appended to one whole line at a time. A torn tail (the part of a line that a crash
+    left without its newline) is cut off when the file is opened, and named, so the next record never
+    continues it."""
+
+    def __init__(self, path: str | os.PathLike, skip_bad: Callable[[str], None] = warn):
+        repair_torn_tail(path, skip_bad)
+        super().__init__(path)
+
+    def append_record(self, record: object) -> None:
+        self.append((json.dumps(record) + "\n").encode())
+
+
+def repair_torn_tail(path: str | os.PathLike, skip_bad: Callable[[str], None] = warn) -> None:
+    """Cut the bytes after the last newline of `path` (a line a crash tore), naming them through `skip_bad`."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            keep = _end_of_last_line(f, size)
+            if keep == size:
+                return
+            f.truncate(keep)
+    except FileNotFoundError:
+        return
+    skip_bad(f"{path}: its last line was torn ({size - keep:,} bytes without a newline, left by an interrupted "
+             "write); cut off before appending")
+
+
+def _end_of_last_line(f, size: int) -> int:
+    """The offset just past the last newline of the open file `f` of `size` bytes (0: none), read from the end."""
+    end = size
+    while end > 0:
+        start = max(0, end - (1 << 16))
+        f.seek(start)
+        chunk = f.read(end - start)
+        if b"\n" in chunk:
+            return start + chunk.rfind(b"\n") + 1
+        end = start
+    return 0
 
 
 def sha256_file(path: str | os.PathLike, chunk_bytes: int = 1 << 24) -> str:

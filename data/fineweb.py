@@ -33,7 +33,8 @@ from typing import TypeVar
 from tqdm import tqdm
 
 from common.cli import run_cli
-from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
+from common.files import (atomic_path, iter_jsonl_records, naming_disk_full, read_json, require_free_space,
+                          sha256_file, write_json)
 
 FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
 FINEWEB_CONFIGS = ("sample-10BT", "sample-100BT")
@@ -515,11 +516,12 @@ def fetch_hub_file(repo_id: str, sha: str, file: HubFile, dest: Path) -> None:
     from common.network import http_status, is_transient_network_error
 
     url = hf_hub_url(repo_id, file.path, repo_type="dataset", revision=sha)
-    partial = dest.with_name(dest.name + PARTIAL_SUFFIX)
+    partial = _partial_path(dest)
     where = f"{repo_id}: {file.path} at {sha}"
     for _ in range(2):
         try:
-            retry_transient(file.path, lambda: _fetch_attempt(url, partial, file))
+            with naming_disk_full(partial, lambda: _missing_bytes(partial, file)):
+                retry_transient(file.path, lambda: _fetch_attempt(url, partial, file))
         except Exception as e:
             if is_transient_network_error(e):
                 kept = partial.stat().st_size if partial.exists() else 0
@@ -536,6 +538,17 @@ def fetch_hub_file(repo_id: str, sha: str, file: HubFile, dest: Path) -> None:
         logger.warning("%s: hash %s, but the hub records %s; fetching it again", file.path, actual, expected)
     raise HubFileError(f"{where} hashes to {actual} twice, but the hub records {expected}; nothing was kept. "
                        f"The hub's copy or the way to it is damaged: retry later")
+
+
+def _partial_path(dest: Path) -> Path:
+    """Where the bytes of `dest` gather until they are whole and verified."""
+    return dest.with_name(dest.name + PARTIAL_SUFFIX)
+
+
+def _missing_bytes(partial: Path, file: HubFile) -> int:
+    """What the download of `file` still has to write, given its partial file (resumed when it is a prefix)."""
+    kept = partial.stat().st_size if partial.exists() else 0
+    return file.size - kept if kept <= file.size else file.size
 
 
 def _verified(dest: Path, file: HubFile) -> bool:
@@ -620,6 +633,8 @@ def download_hub(
     def fetch(indices: range) -> None:
         todo = [i for i in indices if not _verified(_part_path(out_dir, i), listing[i])]
         done_bytes[0] += sum(listing[i].size for i in indices if i not in todo)
+        # the listed sizes, before the first byte: a full disk is named now, not as a bare OSError mid-file
+        require_free_space(out_dir, sum(_missing_bytes(_partial_path(_part_path(out_dir, i)), listing[i]) for i in todo))
         with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(todo) or 1))) as pool:
             jobs = [pool.submit(fetch_hub_file, repo_id, sha, listing[i], _part_path(out_dir, i)) for i in todo]
             for i, job in zip(todo, jobs):

@@ -36,6 +36,7 @@ from tasks.hellaswag import prepare_hellaswag
 from tasks.init import init_model
 from tasks.launch import stop_children_on_exit
 from tasks.report import run_summary_markdown
+from tasks.retry import best_effort
 from tasks.sample import sample
 from tasks.tokenize import tokenize
 from tasks.train import TrainRecord, train
@@ -183,7 +184,8 @@ def _summary_artifact(s: PipelineSettings, run: TrainRecord, evaluation: Any) ->
     hellaswag = evaluation.hellaswag["acc_norm"] if evaluation.hellaswag else None
     figures = {"train_loss": run.train_loss, "val_loss": evaluation.val_loss, "tokens_per_s": run.tokens_per_s,
                "mfu": run.mfu}
-    create_markdown_artifact(
+    best_effort(
+        "the run summary artifact", create_markdown_artifact,
         run_summary_markdown(f"gpt2-pretrain: {s.run_name}", run.run_dir, run.steps, run.tokens, figures,
                              hellaswag, run.loss_curve),
         key="gpt2-pretrain-summary", description="the run beside the reference points",
@@ -244,5 +246,6 @@ def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = Eva
     """
     with stop_children_on_exit():
         rows = scan_runs(runs_dir, settings)
-    create_table_artifact(rows, key="gpt2-evaluations", description=f"checkpoints under {runs_dir}")
+    best_effort("the evaluations table artifact", create_table_artifact, rows, key="gpt2-evaluations",
+                description=f"checkpoints under {runs_dir}")
     return rows

@@ -5,7 +5,12 @@ One line per state change of the flow run and of each stage, a training progress
 the order they happened (a few seconds behind, so that late logs fall into place); a failed stage or run is
 shown with its state message (the error), a stage waiting for a retry (`AwaitingRetry`, `Retrying`) with
 its reason (e.g. an output folder locked by another run), and a run that did not complete ends with its id
-and the command that prints its logs. Exits 0 when the run completed, 1 otherwise.
+and the command that prints its logs.
+
+The server may go away while the run goes on (killed and restarted, overloaded): the watcher says so in one
+line, keeps asking, and says so in one line when the server answers again; what happened meanwhile is shown
+then, in order. Exits 0 when the run completed, 1 when it ended otherwise, 2 when the watcher stopped without
+seeing the run end (an error of its own; the run may go on), 130 on Ctrl-C.
 
 `prefect deployment run --watch` prints Prefect's events instead, and no training progress.
 """
@@ -19,12 +24,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import TypeVar
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 from prefect.client.schemas.objects import State
 from prefect.client.schemas.sorting import LogSort
+
+from common.network import is_transient_network_error
 
 # gpt2.train's console line of a training step (gpt2/train.py, _step_line)
 STEP_LINE = re.compile(r"step\s+(?P<step>\d+)/(?P<max_steps>\d+) \| loss (?P<loss>\S+) .*?\| (?P<ms>[\d.]+) ms \| "
@@ -188,17 +196,54 @@ class Watcher:
             self.progress = None
 
 
+T = TypeVar("T")
+COMPLETED, ENDED_OTHERWISE, STOPPED_WATCHING = 0, 1, 2  # exit statuses; 2: the end of the run not seen
+
+
+class ServerLink:
+    """Calls to the server that outlive its outages: a call that fails for the network (refused, reset, timed
+    out, 5xx) is tried again every `retry_s` for as long as it takes; the first such failure prints one line,
+    and the first answer after it one more."""
+
+    def __init__(self, url: str, retry_s: float):
+        self.url, self.retry_s = url, retry_s
+        self.lost_at: float | None = None  # time.monotonic() of the first failure of this outage
+
+    def call(self, request: Callable[[], T]) -> T:
+        while True:
+            try:
+                result = request()
+            except Exception as e:
+                if not is_transient_network_error(e):
+                    raise
+                self._lost(e)
+                time.sleep(self.retry_s)
+                continue
+            if self.lost_at is not None:
+                away_s = time.monotonic() - self.lost_at
+                say(datetime.now(timezone.utc), f"the Prefect server answers again (away {away_s:.0f} s)")
+                self.lost_at = None
+            return result
+
+    def _lost(self, error: Exception) -> None:
+        if self.lost_at is None:
+            self.lost_at = time.monotonic()
+            say(datetime.now(timezone.utc), f"lost the Prefect server at {self.url} ({type(error).__name__}); "
+                "the run goes on without it: waiting for it to answer again")
+
+
 def watch(flow_run_id: UUID, poll_s: float = 1.0, progress_every_s: float = 10.0) -> int:
     with get_client(sync_client=True) as client:
+        link = ServerLink(str(client.api_url), retry_s=max(poll_s, 2.0))
         watcher = Watcher(client, flow_run_id, progress_every_s)
-        while not watcher.poll():
+        while not link.call(watcher.poll):
             time.sleep(poll_s)
-        watcher.finish(poll_s)
-        flow_run = client.read_flow_run(flow_run_id)
+        link.call(lambda: watcher.finish(poll_s))
+        flow_run = link.call(lambda: client.read_flow_run(flow_run_id))
     if flow_run.state.is_completed():
-        return 0
+        return COMPLETED
     print(f"  flow run id: {flow_run_id}\n  its logs:    prefect flow-run logs {flow_run_id}", flush=True)
-    return 1
+    return ENDED_OTHERWISE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         return watch(args.flow_run_id, progress_every_s=args.progress_every)
     except KeyboardInterrupt:  # Ctrl-C stops the watching only; run.sh cancels the run itself
         return 130
+    except Exception as e:  # never a traceback, never a word on how the run ended: the watcher did not see it
+        print(f"[watch] stopped following flow run {args.flow_run_id}: {type(e).__name__}: {e}; the run may go on: "
+              f"prefect flow-run inspect {args.flow_run_id}", flush=True)
+        return STOPPED_WATCHING
 
 
 if __name__ == "__main__":

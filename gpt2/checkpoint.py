@@ -37,7 +37,7 @@ from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
 from common.cli import run_cli
-from common.files import (atomic_directory, naming_disk_full, parse_json, read_json, require_free_space,
+from common.files import (atomic_directory, parse_json, read_json, require_free_space,
                           sha256_file, write_json)
 from common.paths import listed_file
 from gpt2.config import GPTConfig, parse_model_spec, require_weights_in_file
@@ -176,7 +176,7 @@ def _write_checkpoint(final: Path, step: int, state: dict[str, Any], model: GPT,
     text = json.dumps(data) + "\n"
     needed = sum(t.nbytes for t in tensors.values()) + len(text.encode()) + model_file_size(model, model_file_dtype)
     require_free_space(final, needed)
-    with naming_disk_full(final, needed), atomic_directory(final) as tmp:
+    with atomic_directory(final, needed) as tmp:
         save_tensors(tensors, tmp / TENSORS_FILE)
         (tmp / DATA_FILE).write_text(text)
         write_model_file(model, tmp / MODEL_FILE, dtype=model_file_dtype)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common.files import atomic_directory, write_json
+from common.files import atomic_directory, require_free_space, write_json
 from data.tokenizer import EOT, gpt2_bpe_files
 from gpt2.config import VOCAB_SIZE as GPT2_VOCAB_SIZE
 from gpt2.config import GPTConfig, require_weights_in_file
@@ -128,7 +128,9 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
         elif name.endswith(_CONV1D_SUFFIXES):
             tensor = tensor.t()  # (out, in) -> Conv1D (in, out)
         tensors[name] = tensor.contiguous()
-    with atomic_directory(out_dir) as tmp:
+    needed = sum(t.nbytes for t in tensors.values())  # the weights: the tokenizer's few MB come on top
+    require_free_space(out_dir, needed)  # a full disk named before the first byte, not as safetensors' error
+    with atomic_directory(out_dir, needed) as tmp:
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_json(tmp / "config.json", _hf_config(model.config))
         if V == GPT2_VOCAB_SIZE:  # GPT-2's tokenizer fits only GPT-2's vocabulary (not e.g. a test model's)

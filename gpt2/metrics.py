@@ -1,16 +1,26 @@
 """Training metrics: FLOPs per token, GPU peak FLOP/s and MFU, and the logger that writes metrics.jsonl,
-TensorBoard scalars and console lines of a run (its paths from gpt2.run_dir)."""
+TensorBoard scalars and console lines of a run (its paths from gpt2.run_dir).
+
+Every write goes through common.files: a record is appended whole or not at all, and a full disk is one
+DiskFull naming the file, the bytes and the free space.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
+import socket
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from common.files import atomic_path
+from common.files import AppendOnlyFile, JsonLinesFile, atomic_path, naming_disk_full, read_log_records
 from gpt2.config import GPTConfig
 from gpt2.run_dir import RunDir
 
@@ -35,6 +45,72 @@ def peak_flops(device: torch.device, override: float = 0.0) -> float | None:
     return next((flops for key, flops in _PEAK_BF16_FLOPS.items() if key in name), None)
 
 
+def warn(message: str) -> None:
+    """How gpt2 names a line it skipped: a `warning:` line on stderr (the pipeline logs it with the others)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def read_metrics(path: str | os.PathLike, skip_bad: Callable[[str], None] = warn) -> list[dict[str, Any]]:
+    """The records of a run's metrics.jsonl, oldest first ([] if none): each a JSON object with an integer
+    `step`. Any other line (torn by a crash, edited) is skipped and named once through `skip_bad`
+    (common.files.read_log_records): a reader of the log never stops training or its report."""
+    records = []
+    for record in read_log_records(path, skip_bad):
+        if is_metrics_record(record):
+            records.append(record)
+        else:
+            skip_bad(f"{path}: a record without an integer step ({json.dumps(record)[:80]}); skipped")
+    return records
+
+
+def is_metrics_record(record: object) -> bool:
+    """What every reader of metrics.jsonl may rely on: a JSON object with an integer `step`."""
+    return isinstance(record, dict) and type(record.get("step")) is int
+
+
+_event_files = itertools.count()  # makes each event file name of this process unique
+
+
+class EventLog:
+    """A TensorBoard event file, written by the caller's thread one whole record per call (through
+    common.files.AppendOnlyFile): a full disk is one DiskFull naming the file, never a writer thread's traceback
+    or a torn record. `purge_step`: TensorBoard drops the events of earlier files at and after it (a resumed
+    run's steps past its checkpoint), as torch's SummaryWriter(purge_step=...) does."""
+
+    def __init__(self, logdir: str | os.PathLike, purge_step: int | None = None):
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        logdir = Path(logdir)
+        with naming_disk_full(logdir, 0):
+            logdir.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_event_files)}"
+        self.file = AppendOnlyFile(logdir / name)
+        self.records = RecordWriter(self.file)
+        self._write(Event(file_version="brain.Event:2"))
+        if purge_step is not None:
+            self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from torch.utils.tensorboard.summary import scalar
+
+        self._write(Event(step=step, summary=scalar(tag, value)))
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from torch.utils.tensorboard.summary import text as text_summary
+
+        self._write(Event(step=step, summary=text_summary(tag, text)))
+
+    def _write(self, event: Any) -> None:
+        event.wall_time = time.time()
+        self.records.write(event.SerializeToString())
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class MetricsLogger:
     """metrics.jsonl, TensorBoard scalars and console lines (through a progress bar when interactive).
 
@@ -50,11 +126,9 @@ class MetricsLogger:
         if not enabled:
             return
         self.kept = self._truncate(start_step)
-        self.file = open(self.path, "a")
+        self.file = JsonLinesFile(self.path, warn)
         try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(run_dir.tensorboard), purge_step=start_step)
+            self.writer = EventLog(run_dir.tensorboard, purge_step=start_step)
         except ImportError:
             print("warning: tensorboard is not installed; no TensorBoard logs", file=sys.stderr, flush=True)
         if sys.stderr.isatty():
@@ -64,19 +138,14 @@ class MetricsLogger:
 
     def _truncate(self, start_step: int) -> list[dict[str, Any]]:
         """Drop records of steps >= start_step: a killed run may have logged past its last checkpoint
-        (and, killed mid-write, left a partial last line). Returns the records kept."""
+        (and, killed mid-write, left a partial last line; a bad line is named and dropped). Returns the
+        records kept."""
         if not self.path.exists():
             return []
-        kept = []
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if record["step"] < start_step:
-                kept.append(record)
-        with atomic_path(self.path) as tmp:
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        kept = [record for record in read_metrics(self.path) if record["step"] < start_step]
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        with atomic_path(self.path, size=len(text.encode())) as tmp:
+            tmp.write_text(text)
         return kept
 
     def print(self, line: str) -> None:
@@ -92,8 +161,7 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        self.file.append_record(record)
         if self.writer is not None:
             for key, value in record.items():
                 if key not in ("step", "kind") and isinstance(value, (int, float)) and not isinstance(value, bool):

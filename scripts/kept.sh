@@ -19,6 +19,16 @@ kept_pid() {
     echo "$pid"
 }
 
+# kept_running: "server (pid N) and worker (pid M)", naming only those that are still live prefect processes
+# (kept_pid); empty when neither is
+kept_running() {
+    local name pid found=()
+    for name in server worker; do
+        if pid=$(kept_pid "$name"); then found+=("$name (pid $pid)"); fi
+    done
+    if [ ${#found[@]} = 2 ]; then echo "${found[0]} and ${found[1]}"; else echo "${found[*]}"; fi
+}
+
 # take_kept_lock WHO: holds .prefect/run.lock on file descriptor 9 (released when the script exits or by
 # `flock -u 9`); says so when another script holds it. Background processes must not inherit it: start
 # them with `9>&-`.

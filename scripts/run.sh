@@ -58,14 +58,16 @@ cleanup() {
     [ -n "$server_pid" ] || return 0
     take_kept_lock run
     rm -f "$PREFECT_HOME/users/$$"
-    local others
+    local others running
     others=$(kept_users | tr '\n' ' ')
-    if [ -f "$PREFECT_HOME/keep" ]; then
-        echo "[run] left running: server (pid $server_pid) and worker (pid $worker_pid);" \
-             "stop them with: bash scripts/stop.sh"
+    running=$(kept_running)  # what is alive now: the server may have died (or been restarted by someone else)
+    if [ -z "$running" ] && { [ -f "$PREFECT_HOME/keep" ] || [ -n "$others" ]; }; then
+        echo "[run] neither the server nor the worker is running any more"
+    elif [ -f "$PREFECT_HOME/keep" ]; then
+        echo "[run] left running: $running; stop them with: bash scripts/stop.sh"
         echo "[run] reach them from a shell with: source .prefect/env.sh"
     elif [ -n "$others" ]; then
-        echo "[run] server and worker left running for the other scripts/run.sh using them: ${others% }"
+        echo "[run] left running for the other scripts/run.sh using them (${others% }): $running"
     else
         # stderr too: bash reports a background job killed by a signal ("PID Killed ... worker start") there;
         # `wait` only waits for this script's own children, stopped by now
@@ -180,15 +182,20 @@ flow_run_id=$(grep -oE 'UUID: [0-9a-f-]{36}' <<<"$created" | head -1 | cut -d' '
 echo "[run] flow run $flow_run_id (UI: http://127.0.0.1:$PORT/runs/flow-run/$flow_run_id)"
 status=0
 # In the background, so that a SIGTERM is handled at once (bash runs a trap only after the foreground
-# command ends).
+# command ends). It outlives a server outage; it exits 0 or 1 only once it saw the run end (flows/watch.py).
 "$python" -m flows.watch "$flow_run_id" &
 watch_pid=$!
 wait "$watch_pid" || status=$?
 watch_pid=
 
+echo
+if [ "$status" -le 1 ]; then
+    echo "[run] $DEPLOYMENT finished with exit code $status"
+else
+    echo "[run] $DEPLOYMENT: its end was not seen (the watcher stopped with exit code $status); it may still run:" \
+         "prefect flow-run inspect $flow_run_id"
+fi
 cat <<EOF
-
-[run] $DEPLOYMENT finished with exit code $status
   outputs:      $PWD/artifacts/  (data/ shards, eval/ HellaSwag, init/ step-0 weights, runs/ training runs)
   TensorBoard:  .venv/bin/tensorboard --logdir $PWD/artifacts/runs
   loss curves:  artifacts/runs/<run_name>/<run id>/loss_curve.png

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from common.paths import listed_file
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, writing
+from tasks.progress import ProgressReporter
 from tasks.retry import NETWORK_RETRIES
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -46,19 +45,6 @@ class DocumentsRecord(StageRecord):
         if "hub" not in json.loads(self.identity) and listed != recorded:
             return f"{self.path} now holds {len(listed)} document files, {len(recorded)} were recorded"
         return None
-
-
-def progress_reporter(key: str, description: str) -> Callable[[float], None]:
-    """A callback taking a fraction done (0..1) that keeps a Prefect progress artifact at the whole percent."""
-    artifact_id, shown = create_progress_artifact(0.0, key=key, description=description), [0]
-
-    def report(fraction: float) -> None:
-        percent = min(int(fraction * 100), 100)
-        if percent > shown[0]:
-            update_progress_artifact(artifact_id, float(percent))
-            shown[0] = percent
-
-    return report
 
 
 def _source_identity(source: str) -> Any:
@@ -96,8 +82,8 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
         refs = [FileRef.with_sha256(f, entry["sha256"]) for f, entry in files]
         num_documents = fineweb.require_documents(fineweb.count_documents(path), source)
     else:
-        report = progress_reporter(artifact_key("download-progress", Path(out_dir).parent.name),
-                                   f"documents of {source} into {out_dir}")
+        report = ProgressReporter(artifact_key("download-progress", Path(out_dir).parent.name),
+                                  f"documents of {source} into {out_dir}")
 
         def progress(done: int, total: int | None, unit: str) -> None:
             if total:
@@ -107,7 +93,7 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
         with writing(out_dir):
             path = fineweb.download_hub(src.location, config, out_dir, limit, revision=revision, replace=True,
                                         progress=progress)
-        report(1.0)  # also with a limit, where fewer than all of the listed bytes were needed
+        report.finish()  # also with a limit, where fewer than all of the listed bytes were needed
         manifest_path = path / fineweb.DOWNLOAD_MANIFEST
         manifest = json.loads(manifest_path.read_text())
         # verified against the hub's hashes: an LFS file's is its sha256, the one a ref records

@@ -24,10 +24,11 @@ from common.files import read_json, write_json
 from common.paths import inside
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import log_lines, python_module, reading
+from tasks.common import artifact_key, log_lines, python_module, reading
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.launch import run_streaming
+from tasks.progress import ProgressReporter
 from tasks.tokenize import ShardsRecord
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
@@ -97,21 +98,28 @@ def read_evaluation(run_dir: RunDir, step: int, data: dict[str, Any] | None) -> 
 
     The files are checked as cached records are (size and mtime; hashed only when touched), so a scan
     does not re-read gigabytes of checkpoints that were evaluated before.
+    A ledger entry that cannot be read (damaged, edited) is named in the log and counts as no evaluation: the
+    checkpoint is evaluated again and the entry rewritten whole.
     """
     path = run_dir.evaluation(step)
     if data is None or not path.exists():
         return None
-    entry = read_json(path)
+    try:
+        entry = read_json(path)
+        files = tuple(FileRef(**f) for f in entry.get("files", ()))
+    except (ValueError, TypeError, AttributeError) as e:
+        get_run_logger().warning("%s: not a ledger entry this pipeline wrote (%s: %s); evaluating the checkpoint "
+                                 "again", path, type(e).__name__, e)
+        return None
     if _content(entry.get("data")) != _content(data):
         return None
-    files = tuple(FileRef(**f) for f in entry.get("files", ()))
     return entry if files and StageRecord(files=files).problem() is None else None
 
 
 def _write_tensorboard(run_dir: RunDir, step: int, result: dict[str, Any]) -> None:
-    from torch.utils.tensorboard import SummaryWriter
+    from gpt2.metrics import EventLog
 
-    writer = SummaryWriter(str(run_dir.tensorboard))
+    writer = EventLog(run_dir.tensorboard)  # a full disk: DiskFull naming the event file
     try:
         if result.get("val_loss") is not None:
             writer.add_scalar("eval/val_loss", result["val_loss"], step)
@@ -247,13 +255,17 @@ def scan_runs(runs_dir: str | Path, settings: EvalSettings = EvalSettings()) -> 
     `runs_dir`) is logged and reported in its row's `skipped`, and the scan goes on with the others.
     """
     rows = []
-    for run_dir in RunDir.all_under(runs_dir):
+    run_dirs = RunDir.all_under(runs_dir)
+    progress = ProgressReporter(artifact_key("scan-progress"), f"runs under {runs_dir} scanned")
+    for done, run_dir in enumerate(run_dirs):
+        progress(done / len(run_dirs))
         try:
             inside(run_dir.root, runs_dir)  # the scan writes evaluations/ and tensorboard/ there
             run_dir.check_confined()
             rows += _evaluate_run(run_dir, settings)
         except Exception as e:  # one bad run never stops the scan
             rows.append(_skipped_row(run_dir, None, f"{type(e).__name__}: {e}"))
+    progress.finish()
     return rows
 
 

@@ -16,6 +16,7 @@ from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key
 from tasks.init import MODEL_CODE, CheckpointRecord
+from tasks.retry import best_effort
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
 EXPORT_CODE = MODEL_CODE + ("gpt2.export_hf",)  # entry modules; their imports (gpt2.hf, data.tokenizer) count too
@@ -61,6 +62,7 @@ def export_hf(checkpoint: CheckpointRecord, out_dir: str | None = None) -> HFExp
     record = HFExportRecord(files=tuple(FileRef.of(p) for p in sorted(out.iterdir())), path=str(out.resolve()),
                             step=checkpoint.step)
     get_run_logger().info("exported step %d as a Hugging Face directory: %s", checkpoint.step, record.path)
-    create_markdown_artifact(export_markdown(record), key=artifact_key("hf-export", checkpoint.run_dir.name),
-                             description="the checkpoint as a Hugging Face directory")
+    best_effort("the export artifact", create_markdown_artifact, export_markdown(record),
+                key=artifact_key("hf-export", checkpoint.run_dir.name),
+                description="the checkpoint as a Hugging Face directory")
     return record

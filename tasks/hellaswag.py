@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, writing
-from tasks.retry import NETWORK_RETRIES
+from tasks.retry import NETWORK_RETRIES, best_effort
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
 HELLASWAG_CODE = ("data.hellaswag",)  # entry modules; what they import counts too (tasks.cache.code_version)
@@ -78,7 +78,8 @@ def prepare_hellaswag(source: str, out_dir: str) -> EvalFileRecord:
         extra.append(Path(source))
     with writing(out_dir):
         record = EvalFileRecord.of(hellaswag.prepare(out_dir, source), tuple(extra))
-    create_markdown_artifact(
+    best_effort(
+        "the HellaSwag eval file artifact", create_markdown_artifact,
         f"HellaSwag: {record.num_examples:,} examples from `{source}` (sha256 `{record.source_sha256}`) in "
         f"`{record.path}`",
         key=artifact_key("hellaswag", "eval-file"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,6 @@ OPENAI_HELLASWAG_ACC_NORM = 0.2955
 OPENAI_VAL_LOSS = 3.42
 TOKENS_PER_S_WINDOW = 20  # tokens/s and MFU are averaged over the last steps (the first ones compile)
 CURVE_WIDTH = 640  # pixels of the loss curve inlined in the summary markdown
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of a run's metrics.jsonl (gpt2.train), oldest first; [] if there is none yet."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def training_figures(metrics: list[dict[str, Any]]) -> dict[str, float | None]:

@@ -13,6 +13,7 @@ from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, log_lines, python_module
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.launch import run_streaming
+from tasks.retry import best_effort
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
 SAMPLE_CODE = MODEL_CODE + ("gpt2.sample",)  # entry modules; their imports count too
@@ -34,5 +35,6 @@ def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_
     run_streaming(python_module("gpt2.sample", args), log_lines())
     samples = tuple(read_json(path)["samples"])
     text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
-    create_markdown_artifact(f"# Samples at step {checkpoint.step}\n\n{text}\n", key=artifact_key("samples"))
+    best_effort("the samples artifact", create_markdown_artifact, f"# Samples at step {checkpoint.step}\n\n{text}\n",
+                key=artifact_key("samples"))
     return SampleRecord(files=(FileRef.of(path),), samples=samples)

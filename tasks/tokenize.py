@@ -11,7 +11,9 @@ from prefect.artifacts import create_table_artifact
 
 from tasks.cache import FileRef, StageCache, StageRecord
 from tasks.common import artifact_key, reading, writing
-from tasks.download import DocumentsRecord, progress_reporter
+from tasks.download import DocumentsRecord
+from tasks.progress import ProgressReporter
+from tasks.retry import best_effort
 
 # modules whose source determines the stage's output (their edits invalidate its cache)
 TOKENIZE_CODE = ("data.shards",)  # entry modules; what they import counts too (tasks.cache.code_version)
@@ -70,15 +72,16 @@ def tokenize(
     from data.shards import build_shards
 
     total = documents.num_documents if limit is None else min(limit, documents.num_documents)
-    report = progress_reporter(artifact_key("tokenize-progress", name), f"documents tokenized into {out_dir}")
+    report = ProgressReporter(artifact_key("tokenize-progress", name), f"documents tokenized into {out_dir}")
     source = {**json.loads(documents.identity), "limit": limit}
     with reading(documents), writing(out_dir):  # a download rerun waits until the documents are read
         build_shards(iter_documents(documents.path, limit=limit), Path(out_dir), name, shard_size=shard_size,
                      num_workers=num_workers, source=source, replace=True,
                      progress=lambda done: report(done / total if total else 1.0), source_name=documents.source)
         record = ShardsRecord.from_manifest(out_dir)
-    report(1.0)  # also when the folder was complete and verified, so no document was tokenized
-    create_table_artifact(
+    report.finish()  # also when the folder was complete and verified, so no document was tokenized
+    best_effort(
+        "the shards table artifact", create_table_artifact,
         [{"file": f, "split": split, "tokens": ntok} for f, split, ntok in record.shards],
         key=artifact_key("shards", name),
         description=f"{record.num_tokens:,} tokens in {len(record.shards)} shards under {record.out_dir}; "

@@ -11,7 +11,6 @@ metrics file and reads the outcome from its summary file (paths from gpt2.run_di
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -20,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact
 
-from common.files import read_json, write_json
+from common.files import JsonLinesTail, read_json, write_json
 from common.paths import under
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
 from tasks.common import artifact_key, log_lines, reading
@@ -31,7 +30,8 @@ from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
 from tasks.cancel_watch import watch_for_cancellation
 from tasks.launch import Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
-from tasks.report import plot_loss_curve, read_metrics, run_summary_markdown, training_figures
+from tasks.progress import ProgressReporter
+from tasks.report import plot_loss_curve, run_summary_markdown, training_figures
 from tasks.retry import best_effort, retry_if_transient
 from tasks.slurm import SlurmJobRecord, SlurmSettings, job_name_for, job_script, run_job
 from tasks.tokenize import ShardsRecord
@@ -47,7 +47,6 @@ TRAIN_RETRIES = 2  # a crashed training process is retried, resuming from its la
 TRAIN_RETRY_DELAY_S = 30
 RUN_ID_LENGTH = 12  # hex digits of the run id: the run directory's name, part of the Slurm job's name
 PROGRESS_POLL_S = 1.0  # how often the metrics file is looked at for progress
-PROGRESS_PAUSE_S = 30.0  # after a progress update the API did not take, the next try waits this long
 Launcher = Literal["local", "slurm"]
 
 
@@ -66,53 +65,26 @@ class TrainRecord(StageRecord):
     slurm_job: SlurmJobRecord | None = None  # the job that trained it (launcher=slurm)
 
 
-class _ProgressReporter:
-    """A Prefect progress artifact (updated every whole percent) that follows the steps gpt2.train appends
-    to the run's metrics file; it reads only the bytes added since its last look.
-
-    Progress is reported, never relied on: while the API is away an update is dropped (tasks.retry.best_effort)
-    and the next one waits PROGRESS_PAUSE_S, so training and its log lines go on through an outage of any length.
-    """
+class _TrainingProgress:
+    """The train stage's progress artifact (tasks.progress.ProgressReporter, every whole percent of max_steps),
+    following the steps gpt2.train appends to the run's metrics file: at most once a second it reads the
+    lines added since its last look (common.files.JsonLinesTail). A line it cannot read is named once in the
+    task's log and skipped: progress is reported, never relied on."""
 
     def __init__(self, metrics: Path, max_steps: int, key: str):
-        self.metrics, self.max_steps, self.key = metrics, max_steps, key
-        self.offset, self.inode, self.next_check = 0, None, 0.0
-        self.reached, self.shown, self.artifact_id = 0, -1, None  # percent in the metrics file, percent sent
-        self._send()
+        self.max_steps, self.next_check = max_steps, 0.0
+        self.lines = JsonLinesTail(metrics, get_run_logger().warning)
+        self.reporter = ProgressReporter(key, "training progress")
 
     def poll(self, now: bool = False) -> None:
+        from gpt2.metrics import is_metrics_record
+
         if not now and time.monotonic() < self.next_check:
             return
         self.next_check = time.monotonic() + PROGRESS_POLL_S
-        try:
-            stat = os.stat(self.metrics)
-        except FileNotFoundError:
-            return
-        if stat.st_ino != self.inode or stat.st_size < self.offset:  # replaced (a resume rewrites it): reread
-            self.inode, self.offset = stat.st_ino, 0
-        with open(self.metrics, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
-        self.offset += len(complete)
-        steps = [r["step"] + 1 for r in map(json.loads, complete.splitlines()) if r.get("kind") == "train"]
+        steps = [r["step"] + 1 for r in self.lines.new_records() if is_metrics_record(r) and r.get("kind") == "train"]
         if steps:
-            self.reached = max(self.reached, int(100 * max(steps) / self.max_steps))
-        if self.reached > self.shown:
-            self._send()
-
-    def _send(self) -> None:
-        if self.artifact_id is None:  # the first time, or the API was away then
-            self.artifact_id = best_effort("the training progress artifact", create_progress_artifact,
-                                           float(self.reached), key=self.key, description="training progress")
-            sent = self.artifact_id is not None
-        else:
-            sent = best_effort("training progress", update_progress_artifact, self.artifact_id,
-                               float(self.reached)) is not None
-        if sent:
-            self.shown = self.reached
-        else:
-            self.next_check = time.monotonic() + PROGRESS_PAUSE_S
+            self.reporter(max(steps) / self.max_steps)
 
 
 def world_shape(launcher: Launcher, nproc: int | None, rendezvous: Rendezvous, slurm: SlurmSettings) -> tuple[int, int]:
@@ -191,7 +163,7 @@ def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[
     logger.info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root, nproc, nnodes,
                 launcher)
     log = log_lines()
-    progress = _ProgressReporter(run_dir.metrics, config.max_steps, artifact_key("train-progress", run_id))
+    progress = _TrainingProgress(run_dir.metrics, config.max_steps, artifact_key("train-progress", run_id))
 
     def on_line(line: str) -> None:
         log(line)
@@ -225,8 +197,10 @@ def _run_slurm_job(run_dir: RunDir, run_id: str, train_args: list[str], nproc: i
 def _train_record(run_dir: RunDir, config: TrainConfig, job: SlurmJobRecord | None = None) -> TrainRecord:
     """The record of a finished run, from the summary gpt2.train wrote and its metrics; the final checkpoint is
     verified (sizes and sha256) before it is recorded."""
+    from gpt2.metrics import read_metrics
+
     summary = read_json(run_dir.summary)
-    metrics = read_metrics(run_dir.metrics)
+    metrics = read_metrics(run_dir.metrics, get_run_logger().warning)
     figures = training_figures(metrics)
     curve = plot_loss_curve(metrics, run_dir.loss_curve, f"{run_dir.root.parent.name}/{run_dir.root.name}")
     final = CheckpointRecord.of(summary["checkpoint"], config.model)

@@ -246,6 +246,25 @@ def test_init_from_a_run_directory_is_keyed_on_its_newest_checkpoint(server, wor
 
 
 # ---------------------------------------------------------------------------------------------------------
+# readers of our own logs
+
+
+def test_a_bad_line_in_metrics_jsonl_is_named_and_skipped_and_training_completes(server, worker):
+    """Before: this line as the 4th of metrics.jsonl made the train stage's progress reader raise
+    JSONDecodeError (with two processes, torchrun prints before training rewrites the file, so the stage reads
+    it first), and the train task failed on every rerun."""
+    params = ("run_name=badline", "nproc=2", "batch_size=2")  # 2 x 32 x 2 processes divides the 128 tokens
+    completed(server, "gpt2-train/smoke", *params)
+    (metrics,) = (server.tree / "artifacts" / "runs" / "badline").glob("*/metrics.jsonl")
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:3] + ['{"step": 2, "kind": "tra\n'] + lines[3:]))
+    flow_run_id = completed(server, "gpt2-train/smoke", *params, "force=true")
+    assert task_states(server, flow_run_id)["train"] == "Completed"
+    assert "metrics.jsonl line 4: not valid JSON" in "\n".join(flow_run_logs(server, flow_run_id))
+    assert all(json.loads(line) for line in metrics.read_text().splitlines())  # the resumed session dropped it
+
+
+# ---------------------------------------------------------------------------------------------------------
 # the scheduled scan
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -88,3 +90,51 @@ def test_training_outlasts_a_long_server_outage_and_a_later_cancel_stops_it_and_
         worker.wait()
 
 
+# ---------------------------------------------------------------------------------------------------------
+# an outage during the data stages' progress updates (a relay in front of the module's temporary server)
+
+TOKENIZE_FLOW = "import json, sys; from flows.pipeline import tokenize_flow; tokenize_flow(**json.loads(sys.argv[1]))"
+
+
+def _corpus(path, documents: int = 30_000, words: int = 300):
+    """A local corpus whose tokenization takes some seconds: progress is reported every 1000 documents."""
+    import random
+
+    rng = random.Random(0)
+    vocabulary = "the of and a to in is you that it he was for on are as with his they at be this have from".split()
+    with open(path, "w") as f:
+        for _ in range(documents):
+            f.write(json.dumps({"text": " ".join(rng.choice(vocabulary) for _ in range(words))}) + "\n")
+    return path
+
+
+def test_an_outage_during_tokenizes_progress_updates_costs_an_update_not_the_stage(prefect_server, tmp_path):
+    """Before: with the server away during tokenize, `update_progress_artifact` raised ConnectError
+    and failed the stage and the flow. The relay cuts the flow's connection to the server at tokenize's first
+    progress update and restores it a second later (client retries off, so the update fails at once)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.fixtures.outage import Relay
+    from tests.test_pipeline_flows import REPO, smoke_params
+
+    relay = Relay(PREFECT_API_URL.value()).start()
+    relay.cut_on(b"PATCH /api/artifacts/", outage_s=1.0)  # the first update after the artifact was created
+    params = smoke_params(tmp_path / "out", source=str(_corpus(tmp_path / "corpus.jsonl")), dataset="outage")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_API_URL=relay.url, PREFECT_CLIENT_MAX_RETRIES="0", PREFECT_HOME=str(tmp_path / "home"),
+               PREFECT_LOCAL_STORAGE_PATH=str(tmp_path / "results"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
+    try:
+        flow = subprocess.run([sys.executable, "-c", TOKENIZE_FLOW, json.dumps(params)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+    finally:
+        relay.stop()
+    output = flow.stdout + flow.stderr
+    assert relay.cuts >= 1, "the outage never happened: no progress update was sent"
+    assert flow.returncode == 0, output[-4000:]
+    assert "could not send progress tokenize-progress-outage" in output, output[-4000:]
+    with get_client(sync_client=True) as client:
+        key = ArtifactFilter(key=ArtifactFilterKey(any_=["tokenize-progress-outage"]))
+        (artifact,) = client.read_artifacts(artifact_filter=key)
+    assert float(artifact.data) == 100.0  # the last update went through once the server answered again

@@ -166,3 +166,30 @@ def test_a_bug_in_what_is_reported_still_raises():
 
     with pytest.raises(AttributeError):
         best_effort("training progress", lambda: None.missing)
+
+
+def test_the_progress_reporter_of_every_stage_outlives_an_api_that_is_away():
+    """Before: tokenize's progress update raised ConnectError and failed the stage. The one reporter
+    (tasks.progress) drops an update the API does not take, pauses, and still tries the last one."""
+    import logging
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+
+    from tasks.progress import ProgressReporter
+
+    messages: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("tasks.retry")
+    logger.addHandler(handler)
+    try:
+        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api",
+                                 PREFECT_CLIENT_MAX_RETRIES: 0}):
+            report = ProgressReporter("tokenize-progress-outage", "documents tokenized")
+            for done in range(1, 100):  # every whole percent: all within the pause after the first failure
+                report(done / 100)
+            report.finish()
+    finally:
+        logger.removeHandler(handler)
+    assert len(messages) == 2, messages  # the artifact at the start, the last update: nothing in between
+    assert all("could not send" in m and "tokenize-progress-outage" in m for m in messages), messages

@@ -3,11 +3,20 @@ the order things happened, and a stage waiting for a retry says why (a run direc
 
 from __future__ import annotations
 
+import os
 import queue
 import re
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
+
+from tests.fixtures.processes import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
 
 LOCKED = "RunDirLocked: artifacts/runs/smoke/1 is being written by pid 1874 on host-a; it is retried"
 STEPS = 25
@@ -57,3 +66,65 @@ def test_lines_come_in_the_order_things_happened_and_a_retry_says_why(prefect_se
 
     last_step = lines.index(f"train: step {STEPS - 1}/{STEPS} | loss 10.5600 | 1,530 tok/s | ETA 0:00:00")
     assert last_step < lines.index("train: Completed"), lines
+
+
+def _a_flow_that_trains_for_a_while(started: queue.Queue, steps: int, step_s: float):
+    from prefect import flow, get_run_logger, runtime, task
+
+    @task(name="train")
+    def train():
+        logger = get_run_logger()
+        for step in range(steps):
+            logger.info(f"step {step:5d}/{steps} | loss {10.8 - step / 100:.6f} | lr 6.00e-04 | norm 1.2345 | "
+                        f"120.0 ms | 1,530 tok/s")
+            time.sleep(step_s)
+
+    @flow(name="watched-through-an-outage")
+    def watched():
+        started.put(runtime.flow_run.id)
+        train()
+
+    return watched
+
+
+@pytest.mark.slow
+def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_server, tmp_path):
+    """Before: run.sh's watcher died with an httpx traceback when the server went away, and run.sh
+    printed `finished with exit code 1` while the run went on. Here `python -m flows.watch`, as run.sh starts
+    it, reaches the server through a relay that is cut for 8 s mid-run (client retries off, so every request of
+    the outage fails at once); the run itself goes on, on the server."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.fixtures.outage import Relay
+
+    relay = Relay(PREFECT_API_URL.value()).start()
+    started: queue.Queue = queue.Queue()
+    run = threading.Thread(target=_a_flow_that_trains_for_a_while(started, steps=40, step_s=0.5), daemon=True)
+    run.start()
+    flow_run_id = started.get(timeout=300)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_API_URL=relay.url, PREFECT_CLIENT_MAX_RETRIES="0", PREFECT_HOME=str(tmp_path / "home"))
+    watcher = subprocess.Popen([sys.executable, "-m", "flows.watch", str(flow_run_id), "--progress-every", "0"],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(watcher.stdout), daemon=True)
+    reader.start()
+    try:
+        assert wait_for(lambda: any("train: step" in line for line in lines), 120), lines
+        relay.cut()
+        time.sleep(8)
+        relay.restore()
+        assert watcher.wait(timeout=180) == 0, "".join(lines)
+    finally:
+        relay.stop()
+        if watcher.poll() is None:
+            watcher.kill()
+    run.join(timeout=60)
+    reader.join(timeout=10)
+
+    shown = [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", line.rstrip("\n")) for line in lines]
+    assert len([line for line in shown if line.startswith("lost the Prefect server")]) == 1, shown
+    assert len([line for line in shown if line.startswith("the Prefect server answers again")]) == 1, shown
+    assert not any("Traceback" in line for line in shown), shown
+    assert shown.index(f"train: step 39/40 | loss 10.4100 | 1,530 tok/s | ETA 0:00:00") < shown.index("train: Completed")
+    assert re.fullmatch(r"flow run \S+: Completed", shown[-1]), shown
