@@ -18,14 +18,15 @@
 # installed in PYTHON's environment (docs/gpu-run.md: also on a host without a package registry).
 #
 # Environment: STEPS (default 300), ALONE_STEPS (gpt2.train alone runs only this many steps; default 60),
-# EVAL_INTERVAL (default 60 s), MODE (gpu, or cpu-tiny: a tiny model on one CPU process and a tiny corpus,
+# SKIP (the first steps, compilation and warm-up, left out of tokens/s; default 10), EVAL_INTERVAL (default
+# 60 s), MODE (gpu, or cpu-tiny: a tiny model on one CPU process and a tiny corpus,
 # to check this script where no GPU is; defaults 40 steps, 20 alone, 15 s), PYTHON (default .venv/bin/python if present, else python3),
 # OUT (default artifacts/gpu-run/out), PREFECT_PORT (default 4200). Logs: artifacts/gpu-run/logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
     "") ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_pipeline_gpu.sh takes no arguments (settings come from the environment; see --help)" >&2; exit 2 ;;
 esac
 MODE=${MODE:-gpu}
@@ -183,7 +184,7 @@ train_alone() {  # train_alone RUN_DIR
 
 report() {  # report RUN_DIR
     "$python" -m bench.pipeline_gpu report --pipeline-run "$1" --alone-run "$WORK/alone" \
-        --flow-runs "$WORK/flow_runs.json" --out "$OUT" | tee "$OUT/summary.txt"
+        --flow-runs "$WORK/flow_runs.json" --out "$OUT" --skip "${SKIP:-10}" | tee "$OUT/summary.txt"
     cp "$1/loss_curve.png" "$OUT/" 2>/dev/null || true
     if command -v nvidia-smi >/dev/null; then nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true; fi
     log "outputs in $OUT: $(ls "$OUT" | tr '\n' ' ')"

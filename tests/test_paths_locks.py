@@ -251,7 +251,7 @@ def _take(kind: str, folder: Path):
 @pytest.mark.parametrize("kind", ["folder_lock", "folder_read_lock", "RunDir.lock"])
 @pytest.mark.parametrize("link", ["hard", "symbolic"])
 def test_a_lock_file_that_is_a_link_is_replaced_and_what_it_leads_to_is_left_alone(tmp_path, kind, link):
-    """Defect 3: `ln /tmp/victim.txt .../shards/LOCK`, then a writer wrote {"pid": ...} into the victim
+    """Before: `ln /tmp/victim.txt .../shards/LOCK`, then a writer wrote {"pid": ...} into the victim
     (O_NOFOLLOW stops symbolic links only)."""
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")

@@ -166,7 +166,7 @@ def test_a_second_writer_of_a_folder_waits_for_its_lock(server, worker):
 
 
 def test_a_lock_file_hard_linked_to_another_file_is_replaced_not_written_through(server, worker, tmp_path):
-    """Defect 3: `ln /tmp/victim.txt .../shards/LOCK`, then tokenize with force=true: Completed, and the victim
+    """Before: `ln /tmp/victim.txt .../shards/LOCK`, then tokenize with force=true: Completed, and the victim
     read `{"pid": ..., "host": ...}` (O_NOFOLLOW stops symbolic links only)."""
     completed(server, "gpt2-tokenize/smoke", "dataset=hardlock")
     lock = server.tree / "artifacts" / "data" / "hardlock" / "shards" / "LOCK"
@@ -226,7 +226,7 @@ def _init_source(server, flow_run_id: str) -> str:
 
 def test_init_from_a_run_directory_is_keyed_on_its_newest_checkpoint(server, worker, trained, tmp_path):
     """init_from=<run dir> was served from cache (still step 20) after the run gained a newer checkpoint that
-    verifies: the key held the folder, not what it resolved to (issue 42, defect 6)."""
+    verifies: the key held the folder, not what it resolved to."""
     from gpt2.checkpoint import load_checkpoint, model_from_state, save_checkpoint
 
     source = tmp_path / "source-run"  # a run of its own, so that no other test sees its new checkpoint
@@ -337,7 +337,7 @@ def _val_losses(rows: list[dict], run: str) -> dict[int, float | None]:
 
 def test_the_scan_scores_a_run_only_on_the_data_it_recorded(server, worker, tmp_path):
     """A run's dataset rebuilt from another corpus under the same name: the scan filed val losses computed on the
-    new shards under the run (issue 42, defect 5). Now each evaluation in the ledger names the val shards and
+    new shards under the run. Now each evaluation in the ledger names the val shards and
     HellaSwag file it was scored on, and a checkpoint whose run's data changed is skipped with the reason."""
     completed(server, "gpt2-train/smoke", "run_name=refiled", "dataset=refiled")
     runs = server.tree / "artifacts" / "runs" / "refiled"

@@ -157,7 +157,7 @@ def test_a_killed_flow_run_process_leaves_a_job_that_cancels_itself(cluster, ser
     flow_run_id = start(server, "slurm-orphaned", *LONG_TRAINING, slurm={"heartbeat_timeout_s": 10})
     job_id = running_job(cluster, "slurm-orphaned")
     (flow_process,) = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                       if _parent(pid) == worker.pid]
+                       if _parent(pid) == worker.pid and _flow_run_of(pid) == flow_run_id]
     # the flow-run process first: killing the worker first would SIGTERM it (it dies with its worker), and its
     # own clean-up could cancel the job before the SIGKILL lands, which is not what this test is about
     os.kill(flow_process, signal.SIGKILL)
@@ -166,6 +166,15 @@ def test_a_killed_flow_run_process_leaves_a_job_that_cancels_itself(cluster, ser
     assert_nothing_left(cluster, "slurm-orphaned", timeout_s=90)
     assert cluster.job(job_id)["JobState"] == "CANCELLED"
     assert "not touched for over 10 s" in output(server, "slurm-orphaned", job_id)
+
+
+def _flow_run_of(pid: int) -> str | None:
+    """The flow run a worker's child process runs (Prefect hands it the id in its environment)."""
+    try:
+        environ = dict(v.split("=", 1) for v in open(f"/proc/{pid}/environ").read().split("\0") if "=" in v)
+    except OSError:
+        return None
+    return environ.get("PREFECT__FLOW_RUN_ID")
 
 
 def _parent(pid: int) -> int | None:

@@ -309,7 +309,7 @@ def _sbatch_directives(script: str) -> list[list[str]]:
 
 
 def test_slurm_job_script_quotes_every_value_and_each_directive_reads_back_intact(tmp_path):
-    """Defect 8: every value the script writes is quoted; the script parses (`bash -n`), and each `#SBATCH`
+    """Every value the script writes is quoted; the script parses (`bash -n`), and each `#SBATCH`
     directive, split as the shell splits it, is the value given, whatever quotes, spaces, `$`, `;`, `#` or
     backticks it holds."""
     from tasks.slurm import SlurmSettings, job_script
@@ -332,7 +332,7 @@ def test_slurm_job_script_quotes_every_value_and_each_directive_reads_back_intac
 
 @pytest.mark.parametrize("where", ["job_name", "partition", "sbatch_options"])
 def test_slurm_job_script_refuses_a_value_that_would_end_its_directive_line(tmp_path, where):
-    """Defect 8: `run_name="x\\ntouch pwned #"` made `#SBATCH '--job-name=gpt2-x` and a line `touch pwned
+    """Before: `run_name="x\\ntouch pwned #"` made `#SBATCH '--job-name=gpt2-x` and a line `touch pwned
     #-...'` that bash runs as a command (and sbatch stops reading directives there). A comment line cannot be
     quoted across lines: the script refuses the value, naming it."""
     from tasks.slurm import SlurmSettings, job_script

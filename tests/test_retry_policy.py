@@ -115,7 +115,7 @@ def _child_failure(how: str, nproc: int | None = None) -> CommandFailed:
     ("unknown", None, "error: ValueError: a setting no check knew about"),
 ])
 def test_a_child_that_ends_with_an_error_of_its_own_is_not_retried(how, nproc, said):
-    """The ninth defect: a learning rate beyond float32 made every attempt end with `error: RuntimeError: value
+    """Before: a learning rate beyond float32 made every attempt end with `error: RuntimeError: value
     cannot be converted to type float without overflow`, and the train task was tried 3 times: an error the
     policy did not know by name counted as a crash. The child's own error line is evidence of a failure a
     rerun meets again, wherever torchrun's report pushes it in the output."""

@@ -47,7 +47,7 @@ HUGE_MODEL = "n_layer=1,n_head=1,n_embd=100000,block_size=100000"
     ("rendezvous", {"nnodes": 2, "node_rank": 2, "master_addr": "h"}, "rendezvous.node_rank must lie in [0, nnodes=2)"),
     ("rendezvous", {"master_port": 70000}, "rendezvous.master_port must be a TCP port"),
     ("train_timeout_s", float("nan"), "train_timeout_s"),
-    # each number bounded by the type it is used in (the ninth defect: lr=1e39 passed, then every attempt of
+    # each number bounded by the type it is used in (before, lr=1e39 passed, then every attempt of
     # training ended with `RuntimeError: value cannot be converted to type float without overflow`)
     ("lr", 1e39, "lr=1e+39 is beyond float32, the type it is used in"),
     ("weight_decay", 1e39, "weight_decay=1e+39 is beyond float32"),
@@ -94,7 +94,7 @@ def test_adams_first_step_size_is_bounded_by_float32():
     ("device", "cpu\n", "device"),
 ])
 def test_a_control_character_in_a_name_or_text_setting_is_refused_naming_it(setting, value, named):
-    """Defect 8: `run_name="x\\ntouch pwned #"` passed the check, and the Slurm job script got a line of its own
+    """Before: `run_name="x\\ntouch pwned #"` passed the check, and the Slurm job script got a line of its own
     running `touch pwned`. Every name and string setting reaches a file name, a script or a log line."""
     with pytest.raises(ValueError) as info:
         check_settings({setting: value})
@@ -110,7 +110,7 @@ def test_newlines_and_tabs_pass_in_settings_that_are_text_by_nature():
 
 @pytest.mark.parametrize("setting", ["dataset", "run_name"])
 def test_a_name_is_bounded_by_the_longest_name_a_stage_derives_from_it(setting, tmp_path):
-    """Defect 4: a 240-character dataset passed the check, then tokenize failed with `OSError: [Errno 36] File
+    """Before: a 240-character dataset passed the check, then tokenize failed with `OSError: [Errno 36] File
     name too long` on `{dataset}_train_000001.bin.<pid>.tmp`. The longest name that passes makes every
     derived name the filesystem (or Slurm) takes; one byte more is refused, naming the setting."""
     from flows.config import longest_derived_names
