@@ -8,9 +8,13 @@ shard. And reporting to the server is best-effort: an unreachable API never fail
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import signal
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -135,18 +139,13 @@ def test_a_child_whose_error_names_the_network_or_a_lost_peer_is_retried(how, sa
     assert is_transient(error)
 
 
-def test_reporting_to_an_api_that_is_away_never_fails_the_work():
-    """Finding 7: the progress artifact update raised ConnectError from the training output callback."""
-    import logging
-    import uuid
-
-    from prefect.artifacts import update_progress_artifact
+@contextmanager
+def api_away_warnings() -> Iterator[list[str]]:
+    """The warnings tasks.retry logs while the Prefect API is a port nothing listens on (client retries off).
+    Outside a run, best_effort warns through tasks.retry's logger: read there, whatever handlers the logging
+    configuration of this test process has put on the root logger."""
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    from tasks.retry import best_effort
-
-    # outside a run, best_effort warns through tasks.retry's logger: read it there, whatever handlers the
-    # logging configuration of this test process has put on the root logger
     messages: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: messages.append(record.getMessage())
@@ -155,9 +154,19 @@ def test_reporting_to_an_api_that_is_away_never_fails_the_work():
     try:
         with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api",
                                  PREFECT_CLIENT_MAX_RETRIES: 0}):
-            assert best_effort("training progress", update_progress_artifact, uuid.uuid4(), 50.0) is None
+            yield messages
     finally:
         logger.removeHandler(handler)
+
+
+def test_reporting_to_an_api_that_is_away_never_fails_the_work():
+    """Finding 7: the progress artifact update raised ConnectError from the training output callback."""
+    from prefect.artifacts import update_progress_artifact
+
+    from tasks.retry import best_effort
+
+    with api_away_warnings() as messages:
+        assert best_effort("training progress", update_progress_artifact, uuid.uuid4(), 50.0) is None
     assert any("could not send training progress to the Prefect API" in m for m in messages), messages
 
 
@@ -171,25 +180,12 @@ def test_a_bug_in_what_is_reported_still_raises():
 def test_the_progress_reporter_of_every_stage_outlives_an_api_that_is_away():
     """Before: tokenize's progress update raised ConnectError and failed the stage. The one reporter
     (tasks.progress) drops an update the API does not take, pauses, and still tries the last one."""
-    import logging
-
-    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
     from tasks.progress import ProgressReporter
 
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("tasks.retry")
-    logger.addHandler(handler)
-    try:
-        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api",
-                                 PREFECT_CLIENT_MAX_RETRIES: 0}):
-            report = ProgressReporter("tokenize-progress-outage", "documents tokenized")
-            for done in range(1, 100):  # every whole percent: all within the pause after the first failure
-                report(done / 100)
-            report.finish()
-    finally:
-        logger.removeHandler(handler)
+    with api_away_warnings() as messages:
+        report = ProgressReporter("tokenize-progress-outage", "documents tokenized")
+        for done in range(1, 100):  # every whole percent: all within the pause after the first failure
+            report(done / 100)
+        report.finish()
     assert len(messages) == 2, messages  # the artifact at the start, the last update: nothing in between
     assert all("could not send" in m and "tokenize-progress-outage" in m for m in messages), messages

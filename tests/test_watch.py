@@ -22,6 +22,14 @@ LOCKED = "RunDirLocked: artifacts/runs/smoke/1 is being written by pid 1874 on h
 STEPS = 25
 
 
+def _log_steps(logger, steps: int, step_s: float = 0.0) -> None:
+    """gpt2.train's console lines (gpt2/train.py, _step_line), one every `step_s` seconds."""
+    for step in range(steps):
+        logger.info(f"step {step:5d}/{steps} | loss {10.8 - step / 100:.6f} | lr 6.00e-04 | norm 1.2345 | "
+                    f"120.0 ms | 1,530 tok/s")
+        time.sleep(step_s)
+
+
 def _a_flow_whose_train_stage_waits_for_a_lock_then_trains(started: queue.Queue):
     from prefect import flow, get_run_logger, runtime, task
 
@@ -32,10 +40,7 @@ def _a_flow_whose_train_stage_waits_for_a_lock_then_trains(started: queue.Queue)
         attempts.append(1)
         if len(attempts) == 1:
             raise RuntimeError(LOCKED)
-        logger = get_run_logger()
-        for step in range(STEPS):  # gpt2.train's console lines (gpt2/train.py, _step_line)
-            logger.info(f"step {step:5d}/{STEPS} | loss {10.8 - step / 100:.6f} | lr 6.00e-04 | norm 1.2345 | "
-                        f"120.0 ms | 1,530 tok/s")
+        _log_steps(get_run_logger(), STEPS)
 
     @flow(name="watched")
     def watched():
@@ -73,11 +78,7 @@ def _a_flow_that_trains_for_a_while(started: queue.Queue, steps: int, step_s: fl
 
     @task(name="train")
     def train():
-        logger = get_run_logger()
-        for step in range(steps):
-            logger.info(f"step {step:5d}/{steps} | loss {10.8 - step / 100:.6f} | lr 6.00e-04 | norm 1.2345 | "
-                        f"120.0 ms | 1,530 tok/s")
-            time.sleep(step_s)
+        _log_steps(get_run_logger(), steps, step_s)
 
     @flow(name="watched-through-an-outage")
     def watched():
@@ -126,5 +127,5 @@ def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_
     assert len([line for line in shown if line.startswith("lost the Prefect server")]) == 1, shown
     assert len([line for line in shown if line.startswith("the Prefect server answers again")]) == 1, shown
     assert not any("Traceback" in line for line in shown), shown
-    assert shown.index(f"train: step 39/40 | loss 10.4100 | 1,530 tok/s | ETA 0:00:00") < shown.index("train: Completed")
+    assert shown.index("train: step 39/40 | loss 10.4100 | 1,530 tok/s | ETA 0:00:00") < shown.index("train: Completed")
     assert re.fullmatch(r"flow run \S+: Completed", shown[-1]), shown
