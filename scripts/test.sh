@@ -6,10 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/install_postgres.sh  # PostgreSQL for tests/test_pipeline_deployments.py (skips itself without)
 bash scripts/install_slurm.sh     # Slurm + munge for tests/test_pipeline_slurm.py (skips itself without)
-# Four processes on any number of cores: most of an end-to-end test is waiting (for a server, a worker, a
-# subprocess), so two tests a core overlap their waits. Each process takes whole test files, in the order
-# tests/conftest.py puts them (the end-to-end ones first: started last, they would be the run's tail; xdist's
-# own order puts the files with the most tests first), and starts the servers its tests share once;
-# TEST_WORKERS=0 runs everything in this process. The 15 slowest tests are listed at the end. Exits non-zero
+# Four processes, so that both cores stay busy while some tests wait (for a server, a worker, a subprocess).
+# Each takes whole test files in the order tests/conftest.py puts them (the end-to-end ones first: started
+# last, they would be the run's tail; xdist's own order puts the files with the most tests first) and starts
+# the servers its tests share once; TEST_WORKERS=0 runs everything in this process. The 15 slowest tests are listed at the end. Exits non-zero
 # when a test fails and when no test ran (exit code 5).
 exec .venv/bin/python -m pytest -ra -n "${TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder --durations=15 "$@"
