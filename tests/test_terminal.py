@@ -88,6 +88,7 @@ def _run_sh_fails(clone: Path, *args: str, port: int) -> list[str]:
                                              ("gpt2-pretrain/smok", "gpt2-pretrain/smoke")])
 def test_an_unknown_deployment_is_one_line_listing_the_valid_names(clone, name, suggested):
     errors = _run_sh_fails(clone, name, port=free_port())
+    assert not (clone / ".prefect" / "server.log").exists()  # refused before any server was started
     assert len(errors) == 1, errors
     guesses, listed = errors[0].split("valid names")
     assert f'"{name}"' in guesses and "did you mean" in guesses and suggested in guesses, errors
