@@ -71,7 +71,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
     data-parallel replicas stay equal; under ZeRO-1 each rank rounds the parameters it owns and broadcasts them.
     """
 
-    ROUNDING_PIECE = 2**27  # elements rounded in one launch (512 MB of float32); larger parameters alone
+    ROUNDING_PIECE = 2**26  # elements rounded in one launch (256 MB of float32); larger parameters alone
 
     def __init__(self, params, rounding_seed: int = 0, **adamw_kwargs):
         if adamw_kwargs.get("amsgrad") or adamw_kwargs.get("maximize"):
@@ -152,6 +152,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
             sizes = [row.numel() for row in rows]
             rounded = stochastic_round(self._flat_masters[start:start + sum(sizes)], seed, start)
             torch._foreach_copy_(rows, rounded.split(sizes))
+            del rounded  # freed before the next piece is made: the allocator then keeps one piece cached, not two
 
     @torch.no_grad()
     def allocate_state(self) -> None:
