@@ -8,6 +8,8 @@
 #   LLMC=path/to/llm.c MODELS="d12 d24 d48" bench/run_llmc_gpu.sh [extra gpt2.train flags]
 #
 # Sizes (micro-batch, tokens a step): d12 64, 524,288; d24 32, 131,072; d48 16, 131,072 (llm.c's 1.5B setting).
+# Ours runs with the MLP budget (--keep-mlp-post-gb) of each size that keeps its nvidia-smi peak under llm.c's
+# on an 80 GB H100 (docs/benchmarks.md): d24 6.5 (every MLP keeps post), d48 0; extra flags override it.
 # Environment: LLMC (llm.c's source; unset: ours alone), MODELS (default d12), GPUS ("1 N" by default: 1 and all
 # visible), STEPS (default 20), SKIP (untimed first steps, default 6), TRAINERS (default "llmc ours"),
 # MEMORY_REPORT=1 (ours through bench.train_memory: the allocator's pools at the points where the peak forms,
@@ -25,11 +27,12 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-sizes() {  # sizes MODEL: "micro-batch tokens-a-step"
+sizes() {  # sizes MODEL: "micro-batch tokens-a-step MLP-budget-GB"
     case "$1" in
-        d12) echo 64 524288 ;;
-        d24) echo 32 131072 ;;
-        d36|d48) echo 16 131072 ;;
+        d12) echo 64 524288 2.5 ;;
+        d24) echo 32 131072 6.5 ;;
+        d36) echo 16 131072 2.5 ;;
+        d48) echo 16 131072 0 ;;
         *) echo "unknown model $1 (d12, d24, d36, d48)" >&2; exit 2 ;;
     esac
 }
@@ -39,7 +42,7 @@ GPUS=${GPUS:-1 $( (( NGPU > 1 )) && echo "$NGPU")}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 max_tokens=0
-for model in $MODELS; do read -r _ tokens <<<"$(sizes "$model")"; (( tokens > max_tokens )) && max_tokens=$tokens; done
+for model in $MODELS; do read -r _ tokens _ <<<"$(sizes "$model")"; (( tokens > max_tokens )) && max_tokens=$tokens; done
 SHARDS=${SHARDS:-$OUT/shards}
 "$PYTHON" - "$SHARDS" $(( (STEPS + 1) * max_tokens + 1 )) <<'EOF'
 import sys
@@ -67,9 +70,9 @@ llmc() {  # llmc MODEL B TOKENS NPROC
         --out "$OUT/llmc_${1}_${4}gpu.json" 2>&1 | tee "$OUT/llmc_log_${1}_${4}gpu.txt" | grep -v "^step" || true
 }
 
-ours() {  # ours MODEL B TOKENS NPROC [gpt2.train flags]
-    local model=$1 batch=$2 tokens=$3 nproc=$4 dir="$OUT/run_${1}_${4}gpu"
-    shift 4
+ours() {  # ours MODEL B TOKENS NPROC MLP-BUDGET-GB [gpt2.train flags]
+    local model=$1 batch=$2 tokens=$3 nproc=$4 keep_post_gb=$5 dir="$OUT/run_${1}_${4}gpu"
+    shift 5
     rm -rf "$dir"
     echo "=== gpt2.train $model on $nproc GPU(s) -> $dir"
     local entry=gpt2.train
@@ -79,17 +82,18 @@ ours() {  # ours MODEL B TOKENS NPROC [gpt2.train flags]
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m "$entry" \
         --model "$model" --batch-size "$batch" --seq-len 1024 --total-batch-size "$tokens" --max-steps "$STEPS" \
         --warmup-steps $(( STEPS / 4 )) --train-data "$TRAIN" --val-data "$VAL" --val-every 0 --hellaswag-every 0 \
-        --sample-every 0 --checkpoint-every 0 --log-every 5 --out-dir "$dir" --no-resume "$@" 2>&1 \
+        --sample-every 0 --checkpoint-every 0 --log-every 5 --out-dir "$dir" --no-resume \
+        --keep-mlp-post-gb "$keep_post_gb" "$@" 2>&1 \
         | tee "$OUT/log_${model}_${nproc}gpu.txt" | grep -E "^\[memory|rror|^step +([0-9]*5|$STEPS)/" || true
     kill "$smi" 2>/dev/null || true
 }
 
 for model in $MODELS; do
-    read -r batch tokens <<<"$(sizes "$model")"
+    read -r batch tokens keep_post_gb <<<"$(sizes "$model")"
     for nproc in $GPUS; do
         for trainer in $TRAINERS; do
             if [[ $trainer == llmc ]]; then llmc "$model" "$batch" "$tokens" "$nproc"; fi
-            if [[ $trainer == ours ]]; then ours "$model" "$batch" "$tokens" "$nproc" "$@"; fi
+            if [[ $trainer == ours ]]; then ours "$model" "$batch" "$tokens" "$nproc" "$keep_post_gb" "$@"; fi
         done
     done
 done
