@@ -19,7 +19,7 @@ import yaml
 
 def deployment_names(prefect_yaml: str | Path = "prefect.yaml") -> list[str]:
     """Every deployment `prefect_yaml` defines, as `prefect deployment run` takes it: FLOW/DEPLOYMENT, the flow's
-    name read from the flow its entrypoint (`flows/pipeline.py:train_flow`) names."""
+    name read from the flow its entrypoint (`flows.pipeline:train_flow`) names."""
     names = []
     for deployment in yaml.safe_load(Path(prefect_yaml).read_text())["deployments"]:
         path, function = deployment["entrypoint"].split(":")

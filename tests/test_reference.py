@@ -47,7 +47,7 @@ def deployment_settings():
 
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
     (deployment,) = [d for d in deployments
-                     if d["name"] == "gpt2-124m" and d["entrypoint"] == "flows/pipeline.py:gpt2_pretrain"]
+                     if d["name"] == "gpt2-124m" and d["entrypoint"] == "flows.pipeline:gpt2_pretrain"]
     return check_settings(deployment["parameters"])
 
 
