@@ -28,17 +28,19 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tiktoken
-import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from common.cli import run_cli
 from common.files import atomic_path, iter_jsonl_records, read_json, sha256_file, write_json
 from common.paths import listed_file
 from data.tokenizer import VOCAB_SIZE, get_gpt2_encoding
+
+if TYPE_CHECKING:  # the scoring below imports torch where it runs: preparing the file needs none (the
+    import torch   # pipeline's flow process, which reads and writes these files, never imports it)
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 JSONL_NAME = "hellaswag_val.jsonl"
@@ -253,6 +255,8 @@ def batch_tensors(examples: Sequence[Example]) -> tuple[torch.Tensor, torch.Tens
     Returns tokens (4n, T) int64 and mask (4n, T) bool, True on the ending's tokens, where T is the
     longest row. Padding goes at the end, so under causal attention it never changes an earlier position.
     """
+    import torch
+
     rows = [(ex.ctx_tokens + ending, len(ex.ctx_tokens)) for ex in examples for ending in ex.ending_tokens]
     T = max(len(row) for row, _ in rows)
     tokens = torch.zeros(len(rows), T, dtype=torch.long)
@@ -269,6 +273,9 @@ def ending_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor
     logits (rows, T, V) for tokens and mask (rows, T) from `batch_tensors`. Only the ending positions are
     converted to fp32 and scored, so no fp32 copy of the whole batch's logits is made.
     """
+    import torch
+    import torch.nn.functional as F
+
     scored = mask[:, 1:].to(logits.device)  # (rows, T-1): the loss at position t predicts token t+1
     targets = tokens[:, 1:].to(logits.device)[scored]  # (N,) every row's ending tokens, row by row
     token_losses = torch.zeros(scored.shape, device=logits.device)  # (rows, T-1), zero off the endings
@@ -308,6 +315,8 @@ def evaluate(
     """
     if examples_per_batch < 1:
         raise ValueError(f"examples_per_batch must be at least 1, got {examples_per_batch}")
+    import torch
+
     examples = read_eval_file(eval_path)[:limit][rank::world_size]
     correct = correct_norm = 0
     show = progress and rank == 0

@@ -25,15 +25,18 @@ import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from common.files import read_json
 from data.llmc_rng import Mt19937, random_permutation
 from data.shards import (MANIFEST, ShardError, listed_shard, manifest_shards, read_shard, shard_num_tokens,
                          shard_problem)
 from data.tokenizer import VOCAB_SIZE
+
+if TYPE_CHECKING:
+    import torch
 
 ORDERS = ("llmc", "file")  # the training batch orders; see the module docstring
 
@@ -165,6 +168,8 @@ class DistributedDataLoader:
     # -- batches --------------------------------------------------------------------------------------
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        import torch  # here, not at the top: the pipeline's settings check reads ORDERS without torch
+
         B, T = self.B, self.T
         sample = self.sample_order[self.sample_pos]
         start = sample * self.tokens_per_step + self.process_rank * B * T

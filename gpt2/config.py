@@ -10,6 +10,12 @@ from common.bounds import number_problem
 
 VOCAB_SIZE = 50257
 
+# Where and in what precision a model runs: the choices of every entry point (gpt2.train, .evaluate, .sample).
+# Here, not in gpt2.distributed, so that the pipeline's settings check them without importing torch.
+DEVICES = ("auto", "cuda", "cpu")
+DEVICE_HELP = "where the model runs: auto (this rank's GPU when CUDA is available, else the CPU), cuda or cpu"
+DTYPES = ("auto", "bfloat16", "float32")  # autocast dtype of the forward pass; `auto`: bf16 on CUDA, fp32 on CPU
+
 
 def padded_vocab(vocab_size: int, multiple: int = 128) -> int:
     """Vocabulary rounded up to a multiple of 128 for fast matmuls (50257 -> 50304); padding rows stay 0."""

@@ -15,10 +15,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-DEVICES = ("auto", "cuda", "cpu")
-DEVICE_HELP = "where the model runs: auto (this rank's GPU when CUDA is available, else the CPU), cuda or cpu"
-DTYPES = ("auto", "bfloat16", "float32")  # autocast dtype of the forward pass; `auto`: bf16 on CUDA, fp32 on CPU
-
 
 @dataclass(frozen=True)
 class DistContext:

@@ -22,9 +22,8 @@ import torch.nn as nn
 from common.cli import run_cli
 from common.files import write_json
 from data.loader import DistributedDataLoader
-from gpt2.distributed import (
-    DEVICE_HELP, DEVICES, DTYPES, DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown,
-)
+from gpt2.config import DEVICE_HELP, DEVICES, DTYPES
+from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
 from gpt2.train_config import TrainConfig
 from gpt2.weights import MODEL_SOURCE_HELP, load_model
 

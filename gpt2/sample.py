@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from common.cli import run_cli
 from common.files import write_json
-from gpt2.distributed import DEVICE_HELP, DEVICES, autocast_context, resolve_device
+from gpt2.config import DEVICE_HELP, DEVICES
+from gpt2.distributed import autocast_context, resolve_device
 from gpt2.model import GPT
 from gpt2.train_config import TrainConfig
 from gpt2.weights import MODEL_SOURCE_HELP, load_model

@@ -21,8 +21,7 @@ from typing import Any, Sequence
 from common.bounds import FLOAT_MAX, number_problem, value_problem
 from common.limits import gigabytes, physical_memory
 from data.loader import ORDERS
-from gpt2.config import VOCAB_SIZE, GPTConfig, parse_model_spec
-from gpt2.distributed import DEVICES, DTYPES
+from gpt2.config import DEVICES, DTYPES, VOCAB_SIZE, GPTConfig, parse_model_spec
 
 LR_SCHEDULES = ("cosine", "linear", "constant", "wsd")
 # the fields a pipeline fills in from its own parameters and stages, never from its training settings

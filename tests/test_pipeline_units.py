@@ -506,3 +506,13 @@ def test_every_deployment_loads_its_flow_from_the_one_imported_module():
     for deployment in deployments:
         module, name = deployment["entrypoint"].split(":")
         assert load_flow_from_entrypoint(deployment["entrypoint"]) is getattr(flows.pipeline, name), deployment
+
+
+def test_the_flow_process_starts_without_torch():
+    """Every flow run is a new process that imports flows.pipeline (and `prefect deploy`, run.sh's name check
+    import it too): torch is imported by the stages that use it, when they run, not by the flows' import
+    (2 CPU-seconds a process; a cached stage, a refused run and the evaluation scan's bookkeeping need none)."""
+    code = "import sys, flows.pipeline; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    imported = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                              capture_output=True, text=True, check=True).stdout
+    assert imported.strip() == "[]", f"flows.pipeline imported torch: {imported}"
