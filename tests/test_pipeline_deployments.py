@@ -1,15 +1,15 @@
 """The README's run command (scripts/run.sh) from a fresh clone: server, work pool, deployments, worker, run.
 
-Once on the embedded SQLite database (the default) with `gpt2-pretrain/smoke`, once on a real PostgreSQL
-started here with a stage deployment. Both use a clone of the committed tree, whose .venv is a link to
-this checkout's, so nothing is written into the working tree.
+On a real PostgreSQL started here with a stage deployment, and interrupted (Ctrl-C, SIGTERM) while it trains.
+Each uses a clone of the committed tree, whose .venv is a link to this checkout's, so nothing is written
+into the working tree. The default deployment on the embedded SQLite database, from a fresh clone, is
+tests/test_terminal.py's two run.sh at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import pwd
 import re
@@ -52,20 +52,6 @@ def run_sh(clone: Path, *args: str, env: dict[str, str] | None = None) -> subpro
     assert result.returncode == 0, (f"run.sh failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}\n"
                                     f"worker log:\n{worker_log.read_text()[-3000:] if worker_log.exists() else ''}")
     return result
-
-
-def test_run_sh_smoke_from_a_fresh_clone(clone):
-    result = run_sh(clone)
-    assert "gpt2-pretrain/smoke finished with exit code 0" in result.stdout
-    assert "Prefect UI:   http://127.0.0.1:" in result.stdout and "--logdir" in result.stdout
-    assert (clone / ".prefect" / "prefect.db").is_file()  # the server's SQLite database lives in the project
-    assert "Killed" not in result.stderr  # the worker is stopped and reaped without bash's job notice
-
-    (run_dir,) = [Path(p) for p in glob.glob(str(clone / "artifacts/runs/smoke/*"))]
-    evaluations = sorted((run_dir / "evaluations").glob("*.json"))
-    assert [p.name for p in evaluations] == ["step_00000020.json"]  # the smoke deployment's max_steps
-    assert json.loads(evaluations[0].read_text())["hellaswag"]["n"] == 8
-    assert (run_dir / "loss_curve.png").is_file()
 
 
 # ---------------------------------------------------------------------------------------------------------

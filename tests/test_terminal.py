@@ -8,7 +8,9 @@ free port of its own.
 
 from __future__ import annotations
 
+import glob
 import http.server
+import json
 import os
 import re
 import signal
@@ -37,12 +39,13 @@ def _environment(port: int) -> dict[str, str]:
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 180)  # both runs within RUN_TIMEOUT_S, then stop.sh
 def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_nothing(clone):
-    """Both return, one server served them, `stop.sh` leaves no process, and `.prefect/env.sh`, sourced once the
-    server is stopped, says how to start one."""
+    """From a fresh clone: both return, one server served them, the default deployment ran every stage (its final
+    evaluation, HellaSwag and loss curve are there), `stop.sh` leaves no process, and `.prefect/env.sh`, sourced
+    once the server is stopped, says how to start one."""
     environment = _environment(free_port())
     commands = [["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"],
                 # no deployment named: the default one, gpt2-pretrain/smoke
-                ["bash", "scripts/run.sh", "--param", "max_steps=4", "--param", "run_name=second"]]
+                ["bash", "scripts/run.sh", "--param", "run_name=second"]]
     procs = [subprocess.Popen(command, cwd=clone, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True) for command in commands]
     outputs = []
@@ -61,6 +64,15 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     assert sum("starting the Prefect server" in output for output in outputs) == 1, outputs
     server_log = (clone / ".prefect" / "server.log").read_text()
     assert "address already in use" not in server_log.lower()
+    for output in outputs:
+        assert "Prefect UI:   http://127.0.0.1:" in output and "--logdir" in output
+        assert "Killed" not in output  # the last one out stops the worker and reaps it without bash's job notice
+    assert (clone / ".prefect" / "prefect.db").is_file()  # the server's SQLite database lives in the project
+    (run_dir,) = [Path(p) for p in glob.glob(str(clone / "artifacts/runs/second/*"))]
+    evaluations = sorted((run_dir / "evaluations").glob("*.json"))
+    assert [p.name for p in evaluations] == ["step_00000020.json"]  # the smoke deployment's max_steps
+    assert json.loads(evaluations[0].read_text())["hellaswag"]["n"] == 8
+    assert (run_dir / "loss_curve.png").is_file()
 
     stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, text=True,
                           timeout=120)
