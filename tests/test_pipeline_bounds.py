@@ -54,7 +54,6 @@ OUT_OF_BOUNDS = {
 @pytest.fixture(scope="module")
 def out_of_bounds_runs(server) -> dict[str, Started]:
     """A run of each setting out of bounds, all started at once (each test below checks its own)."""
-    server.worker()
     return start_at_once(server, {param: ("gpt2-pretrain/smoke", "run_name=bounds", param) for param in OUT_OF_BOUNDS})
 
 

@@ -95,7 +95,6 @@ UNUSABLE = {
 def refused_runs(server) -> dict[str, Started]:
     """A run of each setting below that must be refused before any stage, all started at once (each test
     checks its own)."""
-    server.worker()
     runs = {param: ("gpt2-tokenize/smoke", param) for param in GLOBS}
     runs.update({param: (deployment, param) for param, (deployment, _) in UNUSABLE.items()})
     return start_at_once(server, runs)

@@ -55,7 +55,6 @@ BAD_SETTINGS = {
 @pytest.fixture(scope="module")
 def bad_setting_runs(server) -> dict[str, Started]:
     """A run of each bad setting, all started at once (each test below checks its own)."""
-    server.worker()
     return start_at_once(server, {param: ("gpt2-pretrain/smoke", "run_name=bad", param) for param in BAD_SETTINGS})
 
 
