@@ -4,7 +4,9 @@ Without a GPU, Triton kernels run on CPU tensors through Triton's interpreter. T
 when a kernel is decorated, so it is set here, before any test module imports `kernels`.
 
 The end-to-end tier shares its servers: one deployed server and worker (`server`, `worker`) and one temporary
-in-process server (`prefect_server`) per test process, each started when a test first asks for it.
+in-process server (`prefect_server`) per test process, each started when a test first asks for it. The
+deployed one is stopped once the next module of its process does not use it (an idle server still takes CPU
+the other processes need: a few seconds a minute) and started again, on its database, for a later one that does.
 """
 
 import os
@@ -62,6 +64,9 @@ def prefect_server(_prefect_harness, tmp_path_factory):
     return tmp_path_factory.mktemp("pipeline")
 
 
+_SHARED_SERVER = []  # the `server` fixture's, once started
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """A real server with prefect.yaml's deployments of a copy of this working tree (tests/fixtures/deployed.py),
@@ -69,7 +74,21 @@ def server(tmp_path_factory):
     from tests.fixtures.deployed import serving_this_tree
 
     with serving_this_tree(tmp_path_factory.mktemp("server")) as s:
+        _SHARED_SERVER.append(s)
         yield s
+
+
+def pytest_runtest_setup(item):
+    if "server" in item.fixturenames and _SHARED_SERVER and not _SHARED_SERVER[0].running:
+        _SHARED_SERVER[0].start()  # stopped after an earlier module (below); the `worker` fixture restarts its worker
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # the module's own fixtures end first: runs they started have ended or were given up
+    next_uses_it = nextitem is not None and (nextitem.module is item.module or "server" in nextitem.fixturenames)
+    if _SHARED_SERVER and _SHARED_SERVER[0].running and not next_uses_it:
+        _SHARED_SERVER[0].stop()
 
 
 @pytest.fixture

@@ -32,16 +32,16 @@ CANCEL_DEADLINE_S = 60
 
 
 @pytest.fixture
-def server(tmp_path):
+def killable_server(tmp_path):
     """A server of this test's own: the test kills it and starts it again on the same database."""
     with serving_this_tree(tmp_path) as s:
         yield s
 
 
-def _progress(server, flow_run_id: str) -> float | None:
+def _progress(killable_server, flow_run_id: str) -> float | None:
     """The training progress artifact's percent, as the UI shows it."""
     request = urllib.request.Request(
-        f"{server.env['PREFECT_API_URL']}/artifacts/filter", method="POST",
+        f"{killable_server.env['PREFECT_API_URL']}/artifacts/filter", method="POST",
         data=json.dumps({"artifacts": {"type": {"any_": ["progress"]}, "flow_run_id": {"any_": [flow_run_id]}}}).encode(),
         headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request) as response:
@@ -49,41 +49,41 @@ def _progress(server, flow_run_id: str) -> float | None:
     return max((float(a["data"]) for a in artifacts if a["key"].startswith("train-progress")), default=None)
 
 
-def test_training_outlasts_a_long_server_outage_and_a_later_cancel_stops_it_and_every_later_stage(server):
+def test_training_outlasts_a_long_server_outage_and_a_later_cancel_stops_it_and_every_later_stage(killable_server):
     """With the server away for LONG_OUTAGE_S, training goes on: the same processes, on its first attempt (finding
     7: the progress update from the training output callback raised ConnectError about 68 s into a 93 s outage,
     and training was killed). The worker's cancellation observers gave up meanwhile; a cancel afterwards still
     stops training within CANCEL_DEADLINE_S, no later stage runs, and the run ends Cancelled."""
-    worker = server.start_worker("outage")
+    worker = killable_server.start_worker("outage")
     try:
         # 3000 steps: a whole percent every 30 steps, so progress is sent again and again during the outage, and
         # training outlasts it even on an idle machine (the run is cancelled once checked)
-        flow_run_id = server.run("gpt2-pretrain/smoke", "--param", "run_name=outage", "--param", "max_steps=3000",
+        flow_run_id = killable_server.run("gpt2-pretrain/smoke", "--param", "run_name=outage", "--param", "max_steps=3000",
                                  "--param", "checkpoint_every=0", "--param", "val_every=0")
-        wait_until(lambda: (_progress(server, flow_run_id) or 0) >= 1 and len(training_processes("outage")) >= 2,
+        wait_until(lambda: (_progress(killable_server, flow_run_id) or 0) >= 1 and len(training_processes("outage")) >= 2,
                    600, "training to run and report progress")
         before = sorted(pid for pid, _ in training_processes("outage"))
-        worker_log = server.logs / "worker-outage.log"
+        worker_log = killable_server.logs / "worker-outage.log"
 
-        server.kill()
+        killable_server.kill()
         time.sleep(LONG_OUTAGE_S)
         assert sorted(pid for pid, _ in training_processes("outage")) == before, \
             f"training was killed (or restarted) during the outage:\n{worker_log.read_text()[-3000:]}"
-        server.start()
+        killable_server.start()
         assert sorted(pid for pid, _ in training_processes("outage")) == before
         assert "Cancellation observer failed" in worker_log.read_text(), "the worker's observers did not give up"
-        train = task_runs(server, flow_run_id)["train"]
+        train = task_runs(killable_server, flow_run_id)["train"]
         assert (train["state"]["type"], train["run_count"]) == ("RUNNING", 1), train
 
         started = time.monotonic()
-        server.prefect("flow-run", "cancel", flow_run_id)  # what the UI's Cancel button does
+        killable_server.prefect("flow-run", "cancel", flow_run_id)  # what the UI's Cancel button does
         wait_for(lambda: not training_processes("outage"), CANCEL_DEADLINE_S)
         assert training_processes("outage") == [], f"training still runs {CANCEL_DEADLINE_S} s after the cancel"
         assert time.monotonic() - started < CANCEL_DEADLINE_S
 
-        run = wait_for_final_state(server, flow_run_id, 120)
+        run = wait_for_final_state(killable_server, flow_run_id, 120)
         assert run["state"]["type"] == "CANCELLED", run["state"]
-        stages = task_states(server, flow_run_id)
+        stages = task_states(killable_server, flow_run_id)
         assert stages["train"] != "Completed" and not {"evaluate", "sample", "export"} & set(stages), stages
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
