@@ -504,8 +504,8 @@ def test_every_deployment_loads_its_flow_from_the_one_imported_module():
 
     deployments = yaml.safe_load((Path(__file__).resolve().parent.parent / "prefect.yaml").read_text())["deployments"]
     for deployment in deployments:
-        module, name = deployment["entrypoint"].split(":")
-        assert load_flow_from_entrypoint(deployment["entrypoint"]) is getattr(flows.pipeline, name), deployment
+        flow_name = deployment["entrypoint"].split(":")[1]
+        assert load_flow_from_entrypoint(deployment["entrypoint"]) is getattr(flows.pipeline, flow_name), deployment
 
 
 def test_the_flow_process_starts_without_torch():
