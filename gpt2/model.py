@@ -8,6 +8,9 @@ padding rows are zero, never looked up, and sliced off every logit a caller or t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -30,6 +33,25 @@ def sdpa_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     v = v.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
     return y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+
+
+@contextmanager
+def _without_default_init() -> Iterator[None]:
+    """Modules built inside skip their own init (nn.Linear's kaiming_uniform_, nn.Embedding's normal_, ...).
+
+    `GPT.empty` overwrites every weight anyway, and on the meta device those calls would still cost: meta
+    kernels of the random ops run through torch._dynamo, whose first import takes ~1.5 CPU-seconds of every
+    process that only loads a checkpoint (evaluate, sample, export, the pipeline's init stage).
+    """
+    originals = {name: getattr(nn.init, name) for name in dir(nn.init)
+                 if name.endswith("_") and not name.startswith("_")}
+    for name in originals:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(nn.init, name, function)
 
 
 def swapped(linear: nn.Linear) -> bool:
@@ -133,7 +155,7 @@ class GPT(nn.Module):
         Built on the meta device first, so no time or global RNG state goes into nn.Linear's
         default init that would be overwritten anyway.
         """
-        with torch.device("meta"):
+        with torch.device("meta"), _without_default_init():
             model = cls(config, use_kernels=use_kernels)
         model.to_empty(device=device)
         model.lm_head.weight = model.transformer.wte.weight  # to_empty gives each module its own copy

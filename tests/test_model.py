@@ -1,6 +1,9 @@
 """The model's shapes, padded vocabulary and input checks (descriptors: tests/test_config.py)."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,3 +103,14 @@ def test_gradient_matches_finite_differences():
             down = model(idx, idx.roll(1, dims=1))[1].item()
             param[i, j] += eps
         assert math.isclose(param.grad[i, j].item(), (up - down) / (2 * eps), rel_tol=1e-5, abs_tol=1e-9)
+
+
+def test_an_empty_model_is_built_without_torchs_compiler_and_with_torchs_init_intact():
+    """`GPT.empty` (every process that loads a checkpoint) skips the modules' own init, which on the meta device
+    imports torch._dynamo (~1.5 CPU-seconds a process), and leaves torch.nn.init as it was."""
+    code = ("import sys, torch.nn as nn; from gpt2.config import GPTConfig; from gpt2.model import GPT\n"
+            "before = dict(vars(nn.init)); GPT.empty(GPTConfig.from_descriptor('d12'))\n"
+            "print('torch._dynamo' in sys.modules, dict(vars(nn.init)) == before)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"], f"torch._dynamo imported, torch.nn.init restored: {out}"
