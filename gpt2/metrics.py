@@ -16,13 +16,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from common.files import AppendOnlyFile, JsonLinesFile, atomic_path, naming_disk_full, read_log_records
 from gpt2.config import GPTConfig
 from gpt2.run_dir import RunDir
+
+if TYPE_CHECKING:
+    import torch
 
 # bf16 dense tensor-core peak per GPU, by name fragment, first match wins (MFU denominator);
 # "H200" also matches GH200, and "L40S" comes before "L4"
@@ -41,6 +42,8 @@ def peak_flops(device: torch.device, override: float = 0.0) -> float | None:
         return override
     if device.type != "cuda":
         return None
+    import torch  # here, not above: the pipeline's flow process reads metrics without paying torch's import
+
     name = torch.cuda.get_device_name(device)
     return next((flops for key, flops in _PEAK_BF16_FLOPS.items() if key in name), None)
 
@@ -91,17 +94,26 @@ class EventLog:
         if purge_step is not None:
             self._write(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
 
+    # The summaries torch's SummaryWriter writes, made from TensorBoard's own protos (no torch: the pipeline's
+    # evaluation files its numbers from the flow process)
     def add_scalar(self, tag: str, value: float, step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
-        from torch.utils.tensorboard.summary import scalar
+        from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self._write(Event(step=step, summary=scalar(tag, value)))
+        self._write(Event(step=step, summary=Summary(value=[Summary.Value(tag=tag, simple_value=float(value))])))
 
     def add_text(self, tag: str, text: str, step: int) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
-        from torch.utils.tensorboard.summary import text as text_summary
+        from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+        from tensorboard.plugins.text.plugin_data_pb2 import TextPluginData
 
-        self._write(Event(step=step, summary=text_summary(tag, text)))
+        plugin = SummaryMetadata.PluginData(plugin_name="text", content=TextPluginData(version=0).SerializeToString())
+        tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode()],
+                             tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+        value = Summary.Value(tag=f"{tag}/text_summary", metadata=SummaryMetadata(plugin_data=plugin), tensor=tensor)
+        self._write(Event(step=step, summary=Summary(value=[value])))
 
     def _write(self, event: Any) -> None:
         event.wall_time = time.time()

@@ -270,7 +270,7 @@ def scan_runs(runs_dir: str | Path, settings: EvalSettings = EvalSettings()) -> 
 
 
 def _evaluate_run(run_dir: RunDir, settings: EvalSettings) -> list[dict[str, Any]]:
-    from gpt2.checkpoint import list_checkpoints
+    from gpt2.checkpoint_files import list_checkpoints
 
     if not run_dir.config.exists():
         get_run_logger().info("%s: no config.json yet (training has not started); skipped", run_dir.root)

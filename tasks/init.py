@@ -47,7 +47,7 @@ class CheckpointRecord(StageRecord):
 
         The marker is one of the record's files: a checkpoint whose marker went missing is incomplete, so a
         cached record of it is stale."""
-        from gpt2.checkpoint import COMPLETE_MARKER, require_current_format, verify_checkpoint
+        from gpt2.checkpoint_files import COMPLETE_MARKER, require_current_format, verify_checkpoint
 
         path = Path(path).resolve()
         marker = require_current_format(path, verify_checkpoint(path))

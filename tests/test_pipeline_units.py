@@ -398,7 +398,7 @@ def test_init_from_a_run_directory_is_its_newest_checkpoint_that_verifies(tmp_pa
 
 def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_path, monkeypatch):
     import common.files
-    import gpt2.checkpoint
+    import gpt2.checkpoint_files
     from gpt2.checkpoint import COMPLETE_MARKER, TENSORS_FILE, CheckpointError
     from gpt2.weights import load_model
     from tasks.init import _existing_weights
@@ -411,7 +411,7 @@ def test_a_checkpoint_source_is_hashed_once_and_a_corrupt_one_is_refused(tmp_pat
         hashed.append(Path(path).name)
         return common.files.sha256_file(path)
 
-    monkeypatch.setattr(gpt2.checkpoint, "sha256_file", counting_sha256)
+    monkeypatch.setattr(gpt2.checkpoint_files, "sha256_file", counting_sha256)
     for source in (checkpoint, tmp_path / "run"):  # the checkpoint itself, its run directory
         for use in (load_model, lambda s: _existing_weights(str(s), TINY_MODEL)):
             hashed.clear()
@@ -516,3 +516,42 @@ def test_the_flow_process_starts_without_torch():
     imported = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                               capture_output=True, text=True, check=True).stdout
     assert imported.strip() == "[]", f"flows.pipeline imported torch: {imported}"
+
+
+def test_the_flow_processs_checkpoint_and_metrics_bookkeeping_needs_no_torch(tmp_path):
+    """What a flow run does around the stages that compute (a checkpoint's record after training, the progress
+    and metrics it reads, the evaluation scan's checkpoints and TensorBoard numbers) imports no torch: each flow
+    run that trained would otherwise pay its import (~2.5 CPU-seconds) for bookkeeping."""
+    from gpt2.checkpoint import write_initial_checkpoint
+    from tests.fixtures.train.tiny import TINY_MODEL
+
+    checkpoint = write_initial_checkpoint(tmp_path / "run", TINY_MODEL, seed=1)
+    (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
+    code = f"""import sys
+from pathlib import Path
+from gpt2.checkpoint_files import list_checkpoints
+from gpt2.metrics import EventLog, read_metrics
+from tasks.init import CheckpointRecord
+record = CheckpointRecord.of({str(checkpoint)!r}, {TINY_MODEL!r})
+log = EventLog({str(tmp_path / 'tb')!r}); log.add_scalar("val/loss", 2.5, 1); log.add_text("sample", "a", 1); log.close()
+print(record.step, len(list_checkpoints({str(tmp_path / 'run')!r})), read_metrics({str(tmp_path / 'run' / 'metrics.jsonl')!r}),
+      sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "0 1 [{'step': 1, 'loss': 2.5}] []", out
+
+
+def test_event_log_writes_the_summaries_torchs_summary_writer_would(tmp_path):
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from torch.utils.tensorboard.summary import scalar, text
+
+    from gpt2.metrics import EventLog
+
+    log = EventLog(tmp_path)
+    log.add_scalar("val/loss", 3.25, 7)
+    log.add_text("sample", "Hello, wörld", 8)
+    log.close()
+    records = RawEventFileLoader(str(next(tmp_path.glob("events.out.tfevents.*")))).Load()
+    events = [e for e in map(Event.FromString, records) if e.HasField("summary")]
+    assert [(e.step, e.summary) for e in events] == [(7, scalar("val/loss", 3.25)), (8, text("sample", "Hello, wörld"))]
