@@ -37,12 +37,10 @@ def sdpa_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
 
 @contextmanager
 def _without_default_init() -> Iterator[None]:
-    """Modules built inside skip their own init (nn.Linear's kaiming_uniform_, nn.Embedding's normal_, ...).
-
-    `GPT.empty` overwrites every weight anyway, and on the meta device those calls would still cost: meta
-    kernels of the random ops run through torch._dynamo, whose first import takes ~1.5 CPU-seconds of every
-    process that only loads a checkpoint (evaluate, sample, export, the pipeline's init stage).
-    """
+    """Modules built inside skip their own init (nn.Linear's kaiming_uniform_, nn.Embedding's normal_, ...):
+    `GPT.empty`'s weights are all overwritten. (Built on the meta device instead, the init calls and
+    `to_empty` would run through torch._dynamo and sympy, whose first imports take ~2 CPU-seconds of every
+    process that only loads a checkpoint: evaluate, sample, export, the pipeline's init stage.)"""
     originals = {name: getattr(nn.init, name) for name in dir(nn.init)
                  if name.endswith("_") and not name.startswith("_")}
     for name in originals:
@@ -152,14 +150,11 @@ class GPT(nn.Module):
     def empty(cls, config: GPTConfig, device: torch.device | str = "cpu", use_kernels: bool = False) -> "GPT":
         """A model with uninitialised weights, for `init_weights` or a checkpoint reader to fill.
 
-        Built on the meta device first, so no time or global RNG state goes into nn.Linear's
+        Built without the modules' own init, so no time or global RNG state goes into nn.Linear's
         default init that would be overwritten anyway.
         """
-        with torch.device("meta"), _without_default_init():
-            model = cls(config, use_kernels=use_kernels)
-        model.to_empty(device=device)
-        model.lm_head.weight = model.transformer.wte.weight  # to_empty gives each module its own copy
-        return model
+        with torch.device(device), _without_default_init():
+            return cls(config, use_kernels=use_kernels)
 
     @classmethod
     def create(

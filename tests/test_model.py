@@ -106,11 +106,14 @@ def test_gradient_matches_finite_differences():
 
 
 def test_an_empty_model_is_built_without_torchs_compiler_and_with_torchs_init_intact():
-    """`GPT.empty` (every process that loads a checkpoint) skips the modules' own init, which on the meta device
-    imports torch._dynamo (~1.5 CPU-seconds a process), and leaves torch.nn.init as it was."""
+    """`GPT.empty` (every process that loads a checkpoint) skips the modules' own init, imports neither
+    torch._dynamo nor sympy (~2 CPU-seconds a process, on the meta device), leaves torch.nn.init as it was, and
+    its tied lm_head is still wte's tensor."""
     code = ("import sys, torch.nn as nn; from gpt2.config import GPTConfig; from gpt2.model import GPT\n"
-            "before = dict(vars(nn.init)); GPT.empty(GPTConfig.from_descriptor('d12'))\n"
-            "print('torch._dynamo' in sys.modules, dict(vars(nn.init)) == before)")
+            "before = dict(vars(nn.init)); m = GPT.empty(GPTConfig.from_descriptor('d12'))\n"
+            "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules, dict(vars(nn.init)) == before,\n"
+            "      m.lm_head.weight is m.transformer.wte.weight, m.lm_head.weight.device)")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True"], f"torch._dynamo imported, torch.nn.init restored: {out}"
+    assert out == ["False", "False", "True", "True", "cpu"], \
+        f"torch._dynamo imported, sympy imported, torch.nn.init restored, lm_head tied, device: {out}"
