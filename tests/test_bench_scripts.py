@@ -245,3 +245,14 @@ def test_run_llmc_gpu_runs_on_one_gpu_without_gpus_set(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gpt2.train / llm.c, d48 on 1 GPU(s): 1.077x" in result.stdout, result.stdout
     assert "scaling" not in result.stdout
+
+
+def test_peer_llmc_builds_without_data_and_refuses_a_run_without_it(tmp_path):
+    """`bench.peer_llmc --build-only` needs no shards (it goes on to the build: here a folder without llm.c's
+    source, named in its error); a run without them is refused before any build."""
+    build = subprocess.run([sys.executable, "-m", "bench.peer_llmc", "--source", str(tmp_path), "--build",
+                            str(tmp_path / "build"), "--build-only"], cwd=REPO, capture_output=True, text=True)
+    assert build.returncode != 0 and "no train_gpt2.cu and Makefile" in build.stderr, build.stderr
+    run = subprocess.run([sys.executable, "-m", "bench.peer_llmc", "--source", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "--train-data and --val-data are needed" in run.stderr, run.stderr
