@@ -133,14 +133,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="micro-batch per GPU (llm.c's -b)")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--total-batch-size", type=int, default=524288, help="tokens a step, all GPUs (-d)")
-    parser.add_argument("--train-data", required=True, help="glob of llm.c-format train shards")
-    parser.add_argument("--val-data", required=True, help="glob of llm.c-format val shards")
+    parser.add_argument("--train-data", help="glob of llm.c-format train shards (needed unless --build-only)")
+    parser.add_argument("--val-data", help="glob of llm.c-format val shards (needed unless --build-only)")
     parser.add_argument("--steps", type=int, default=20, help="optimizer steps to run (default 20)")
     parser.add_argument("--skip", type=int, default=5, help="first steps left out of the median (default 5)")
     parser.add_argument("--nproc", type=int, default=1, help="GPUs, one process each (default 1)")
     parser.add_argument("--build-only", action="store_true", help="build train_gpt2cu and stop")
     parser.add_argument("--out", type=Path, help="write the result to this JSON file")
     args = parser.parse_args()
+    if not args.build_only and not (args.train_data and args.val_data):
+        parser.error("--train-data and --val-data are needed to run it (only --build-only goes without)")
     frontend = args.cudnn_frontend
     if frontend is None:
         found = [p for p in (args.source / "cudnn-frontend" / "include", Path.home() / "cudnn-frontend" / "include")

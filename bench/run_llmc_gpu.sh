@@ -3,7 +3,8 @@
 # (built from LLMC's source with its Makefile, bench/peer_llmc.py) at the same micro-batch, tokens a step and
 # steps, first on 1 GPU, then on all visible GPUs (when there are more than one), on synthetic random-token
 # shards in llm.c's format. Prints per size and GPU count the median step time, tokens/s, peak memory (PyTorch's
-# and nvidia-smi's, first GPU) and ours / llm.c; writes them to $OUT/summary.json.
+# and nvidia-smi's, first GPU), ours / llm.c, and each trainer's scaling from 1 to N GPUs (tokens/s on N over
+# N times that on 1); writes them to $OUT/summary.json.
 #
 #   LLMC=path/to/llm.c MODELS="d12 d24 d48" bench/run_llmc_gpu.sh [extra gpt2.train flags]
 #
@@ -38,7 +39,9 @@ sizes() {  # sizes MODEL: "micro-batch tokens-a-step MLP-budget-GB"
 }
 NGPU=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 if [[ "$NGPU" -lt 1 ]]; then echo "no CUDA GPU visible; this benchmark needs one" >&2; exit 1; fi
-GPUS=${GPUS:-1 $( (( NGPU > 1 )) && echo "$NGPU")}
+# 1, then all visible GPUs when there are several (an if, not `&&`: under set -e a false test inside the
+# assignment would end the script on a 1-GPU host)
+if [[ -z "${GPUS:-}" ]]; then GPUS=1; if (( NGPU > 1 )); then GPUS="1 $NGPU"; fi; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
 
 max_tokens=0
@@ -147,6 +150,14 @@ for r in rows:
         ratios[key] = peer[0]["step_ms"] / r["step_ms"]
         print(f"gpt2.train / llm.c, {r['model']} on {r['gpus']} GPU(s): {ratios[key]:.3f}x")
 summary["vs_llmc"] = ratios
+scaling = {}
+for (trainer, model) in sorted({(r["trainer"], r["model"]) for r in rows}):
+    by_gpus = {r["gpus"]: r for r in rows if (r["trainer"], r["model"]) == (trainer, model)}
+    if 1 in by_gpus and (n := max(by_gpus)) > 1:  # tokens/s on n GPUs over n times that on 1
+        per_gpu = by_gpus[n]["tokens_per_s"] / (n * by_gpus[1]["tokens_per_s"])
+        scaling[f"{trainer}_{model}_{n}gpu"] = per_gpu
+        print(f"scaling {n} GPUs / 1 GPU, {trainer} {model}: {n * per_gpu:.3f}x = {per_gpu:.3f} per GPU")
+summary["scaling_per_gpu"] = scaling
 write_json(out / "summary.json", summary)
 print(f"written {out / 'summary.json'}")
 EOF

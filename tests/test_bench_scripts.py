@@ -173,3 +173,86 @@ def test_run_train_gpu_prints_our_scaling_and_the_peers_from_one_command(tmp_pat
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [r["nvidia_smi_peak_mib"] for r in summary["runs"]] == [22000, 22000]
     assert summary["peer_scaling"] == pytest.approx(1000 / 260)
+
+
+STUB_LLMC_HOST = f"""#!/usr/bin/env bash
+# a host of $STUB_GPUS GPUs for bench/run_llmc_gpu.sh: gpt2.train writes the records of a d48 run at 2,600 ms a
+# step on 1 GPU and 680 on N; llm.c's runner answers 2,800 ms on 1 GPU and 720 on N
+if [ "$1" = -c ] && [[ "$2" == *device_count* ]]; then echo "$STUB_GPUS"; exit 0; fi
+if [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then
+    exec {sys.executable} -c '
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+world = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
+out = Path(args[args.index("--out-dir") + 1])
+out.mkdir(parents=True)
+ms = 2600.0 if world == 1 else 680.0
+(out / "config.json").write_text(json.dumps({{"model": "d48", "total_batch_size": 131072,
+    "resolved": {{"world_size": world, "gpu": "stub", "torch": "stub"}}}}))
+records = [{{"kind": "train", "step": s, "ms": ms, "peak_mem_gb": 60.0}}
+           for s in range(int(args[args.index("--max-steps") + 1]))]
+(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
+' "$@"
+fi
+if [ "$1" = -m ] && [ "$2" = bench.peer_llmc ]; then
+    exec {sys.executable} -c '
+import json, sys
+args = sys.argv[1:]
+n = int(args[args.index("--nproc") + 1])
+ms = 2800.0 if n == 1 else 720.0
+json.dump({{"model": "d48", "gpus": n, "step_ms": ms, "tokens_per_s": 131072 / ms * 1e3, "nvidia_smi_peak_gb": 70.0,
+           "timed_steps": 6}}, open(args[args.index("--out") + 1], "w"))
+' "$@"
+fi
+exec {sys.executable} "$@"
+"""
+
+
+def run_llmc_gpu(tmp_path: Path, gpus: int, **env: str) -> subprocess.CompletedProcess:
+    """bench/run_llmc_gpu.sh at d48 on a stand-in host of `gpus` GPUs (LLMC set: both trainers)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(STUB_LLMC_HOST)
+    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\n[[ \"$*\" == *memory.used* ]] && echo 61000; true\n")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
+           "OUT": str(tmp_path / "out"), "STUB_GPUS": str(gpus), "LLMC": str(tmp_path / "llm.c"), "MODELS": "d48",
+           "STEPS": "8", "SKIP": "2", **env}
+    return subprocess.run(["bash", "bench/run_llmc_gpu.sh", "--zero1"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_run_llmc_gpu_prints_ratio_per_gpu_count_and_each_trainers_scaling(tmp_path):
+    """`GPUS="1 4"` runs both trainers on 1 and 4 GPUs and prints ours / llm.c per GPU count and each trainer's
+    scaling as tokens/s on 4 over 4 times that on 1."""
+    result = run_llmc_gpu(tmp_path, 4, GPUS="1 4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    # ours / llm.c: 2800 / 2600 and 720 / 680; scaling: 2600 / 680 and 2800 / 720
+    assert "gpt2.train / llm.c, d48 on 1 GPU(s): 1.077x" in result.stdout, result.stdout
+    assert "gpt2.train / llm.c, d48 on 4 GPU(s): 1.059x" in result.stdout
+    assert "scaling 4 GPUs / 1 GPU, gpt2.train d48: 3.824x = 0.956 per GPU" in result.stdout
+    assert "scaling 4 GPUs / 1 GPU, llm.c d48: 3.889x = 0.972 per GPU" in result.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["scaling_per_gpu"]["gpt2.train_d48_4gpu"] == pytest.approx(2600 / 680 / 4)
+
+
+def test_run_llmc_gpu_runs_on_one_gpu_without_gpus_set(tmp_path):
+    """With GPUS unset on a 1-GPU host both trainers run on that GPU (the default's test once ended the script
+    under set -e, silently, before any run)."""
+    result = run_llmc_gpu(tmp_path, 1)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gpt2.train / llm.c, d48 on 1 GPU(s): 1.077x" in result.stdout, result.stdout
+    assert "scaling" not in result.stdout
+
+
+def test_peer_llmc_builds_without_data_and_refuses_a_run_without_it(tmp_path):
+    """`bench.peer_llmc --build-only` needs no shards (it goes on to the build: here a folder without llm.c's
+    source, named in its error); a run without them is refused before any build."""
+    build = subprocess.run([sys.executable, "-m", "bench.peer_llmc", "--source", str(tmp_path), "--build",
+                            str(tmp_path / "build"), "--build-only"], cwd=REPO, capture_output=True, text=True)
+    assert build.returncode != 0 and "no train_gpt2.cu and Makefile" in build.stderr, build.stderr
+    run = subprocess.run([sys.executable, "-m", "bench.peer_llmc", "--source", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert run.returncode == 2 and "--train-data and --val-data are needed" in run.stderr, run.stderr
