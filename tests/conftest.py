@@ -3,6 +3,11 @@
 Without a GPU, Triton kernels run on CPU tensors through Triton's interpreter. The variable is read
 when a kernel is decorated, so it is set here, before any test module imports `kernels`.
 
+Every process of the suite computes on one thread (OMP_NUM_THREADS=1, inherited by the servers, workers, flow
+runs and training ranks the tests start; set before torch is imported here): the suite runs more processes
+than cores, and OpenMP's threads spin while they wait for each other, taking the CPU the other processes need
+(a CPU training rank beside one other: 13 CPU-seconds on two threads, 7.5 on one). A value already set wins.
+
 The end-to-end tier shares its servers: one deployed server and worker (`server`, `worker`) and one temporary
 in-process server (`prefect_server`) per test process, each started when a test first asks for it. The
 deployed one is stopped once the next module of its process does not use it (an idle server still takes CPU
@@ -11,8 +16,10 @@ the other processes need: a few seconds a minute) and started again, on its data
 
 import os
 
-import pytest
-import torch
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
