@@ -57,6 +57,9 @@ socket="$root/munge/munge.socket"
 key="$root/munge/munge.key"
 [ -f "$key" ] || { head -c 128 /dev/urandom >"$key"; chmod 600 "$key"; }
 export SLURM_CONF="$root/slurm.conf"
+# the CPUs this host lets us use; not nproc alone, which returns OMP_NUM_THREADS when it is set (a caller running
+# its processes on one thread each would get a one-CPU node, and every two-task job would be refused)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 cat >"$SLURM_CONF" <<CONF
 ClusterName=single
 SlurmctldHost=$node(127.0.0.1)
@@ -84,7 +87,7 @@ ReturnToService=2
 MinJobAge=3600
 SchedulerParameters=sched_interval=2
 KillWait=5
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$(nproc) RealMemory=1024 State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1024 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
 

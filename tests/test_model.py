@@ -114,6 +114,6 @@ def test_an_empty_model_is_built_without_torchs_compiler_and_with_torchs_init_in
             "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules, dict(vars(nn.init)) == before,\n"
             "      m.lm_head.weight is m.transformer.wte.weight, m.lm_head.weight.device)")
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
-                         capture_output=True, text=True, check=True).stdout.split()
+                         capture_output=True, text=True, check=True, timeout=120).stdout.split()
     assert out == ["False", "False", "True", "True", "cpu"], \
         f"torch._dynamo imported, sympy imported, torch.nn.init restored, lm_head tied, device: {out}"

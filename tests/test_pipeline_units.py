@@ -514,7 +514,7 @@ def test_the_flow_process_starts_without_torch():
     (2 CPU-seconds a process; a cached stage, a refused run and the evaluation scan's bookkeeping need none)."""
     code = "import sys, flows.pipeline; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
     imported = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
-                              capture_output=True, text=True, check=True).stdout
+                              capture_output=True, text=True, check=True, timeout=120).stdout
     assert imported.strip() == "[]", f"flows.pipeline imported torch: {imported}"
 
 
@@ -537,7 +537,7 @@ log = EventLog({str(tmp_path / 'tb')!r}); log.add_scalar("val/loss", 2.5, 1); lo
 print(record.step, len(list_checkpoints({str(tmp_path / 'run')!r})), read_metrics({str(tmp_path / 'run' / 'metrics.jsonl')!r}),
       sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"""
     out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, timeout=120).stdout
     assert out.strip() == "0 1 [{'step': 1, 'loss': 2.5}] []", out
 
 
