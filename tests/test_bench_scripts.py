@@ -124,11 +124,11 @@ def test_profile_train_counts_overlapping_kernels_once():
     assert union_ms([]) == 0.0
 
 
-STUB_TRAINERS = f"""#!/usr/bin/env bash
-# a 4-GPU host's python for the bench script: gpt2.train writes the records of a run of 1 GPU at 800 ms a step
-# and of N GPUs at 205 ms; build-nanogpt reads 1000 ms on 1 GPU and 260 on N
-if [ "$1" = -c ] && [[ "$2" == *device_count* ]]; then echo 4; exit 0; fi
-if [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then
+def _stub_torchrun(ms_one: float, ms_many: float, config: str, record: str) -> str:
+    """The `python -m torch.distributed.run -m gpt2.train` branch of a stand-in host's python: the run's config.json
+    (`config`'s fields and `resolved`'s, the world size added) and a metrics.jsonl of `record`'s fields at `ms_one`
+    ms a step on 1 GPU, `ms_many` on more."""
+    return f"""if [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then
     exec {sys.executable} -c '
 import json, sys
 from pathlib import Path
@@ -136,25 +136,40 @@ args = sys.argv[1:]
 world = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
 out = Path(args[args.index("--out-dir") + 1])
 out.mkdir(parents=True)
-ms = 800.0 if world == 1 else 205.0
-(out / "config.json").write_text(json.dumps({{"model": "d12", "batch_size": 64, "seq_len": 1024,
-    "total_batch_size": 524288, "resolved": {{"world_size": world, "grad_accum_steps": 8 // world, "kernels": True,
-    "compile": True, "cuda_graphs": True, "sdpa_backend": "cudnn", "gpu": "stub", "torch": "stub"}}}}))
-records = [{{"kind": "train", "step": s, "ms": ms, "tok_s": 524288 / ms * 1e3, "mfu": 0.5, "peak_mem_gb": 19.0}}
-           for s in range(int(args[args.index("--max-steps") + 1]))]
+ms = {ms_one} if world == 1 else {ms_many}
+config = {config}
+config["resolved"]["world_size"] = world
+(out / "config.json").write_text(json.dumps(config))
+records = [{{"kind": "train", "step": s, "ms": ms, {record}}} for s in range(int(args[args.index("--max-steps") + 1]))]
 (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
 ' "$@"
-fi
-if [ "$1" = -m ] && [ "$2" = bench.peer_nanogpt ]; then
+fi"""
+
+
+def _stub_peer(module: str, ms_one: float, ms_many: float, fields: str) -> str:
+    """The `python -m MODULE` branch of a stand-in host's python for a peer's runner: its JSON result (`fields`, the
+    GPU count and step time added) at `ms_one` ms a step on 1 GPU, `ms_many` on more."""
+    return f"""if [ "$1" = -m ] && [ "$2" = {module} ]; then
     exec {sys.executable} -c '
 import json, sys
 args = sys.argv[1:]
 n = int(args[args.index("--nproc") + 1])
-ms = 1000.0 if n == 1 else 260.0
-json.dump({{"gpus": n, "tokens_per_s": 524288 / ms * 1e3, "step_ms": ms, "nvidia_smi_peak_gb": 50.0}},
-          open(args[args.index("--out") + 1], "w"))
+ms = {ms_one} if n == 1 else {ms_many}
+json.dump({{"gpus": n, "step_ms": ms, {fields}}}, open(args[args.index("--out") + 1], "w"))
 ' "$@"
-fi
+fi"""
+
+
+STUB_TRAINERS = f"""#!/usr/bin/env bash
+# a 4-GPU host's python for the bench script: gpt2.train writes the records of a run of 1 GPU at 800 ms a step
+# and of N GPUs at 205 ms; build-nanogpt reads 1000 ms on 1 GPU and 260 on N
+if [ "$1" = -c ] && [[ "$2" == *device_count* ]]; then echo 4; exit 0; fi
+{_stub_torchrun(800.0, 205.0,
+                '{"model": "d12", "batch_size": 64, "seq_len": 1024, "total_batch_size": 524288, "resolved": {'
+                '"grad_accum_steps": 8 // world, "kernels": True, "compile": True, "cuda_graphs": True, '
+                '"sdpa_backend": "cudnn", "gpu": "stub", "torch": "stub"}}',
+                '"tok_s": 524288 / ms * 1e3, "mfu": 0.5, "peak_mem_gb": 19.0')}
+{_stub_peer("bench.peer_nanogpt", 1000.0, 260.0, '"tokens_per_s": 524288 / ms * 1e3, "nvidia_smi_peak_gb": 50.0')}
 exec {sys.executable} "$@"
 """
 
@@ -179,32 +194,10 @@ STUB_LLMC_HOST = f"""#!/usr/bin/env bash
 # a host of $STUB_GPUS GPUs for bench/run_llmc_gpu.sh: gpt2.train writes the records of a d48 run at 2,600 ms a
 # step on 1 GPU and 680 on N; llm.c's runner answers 2,800 ms on 1 GPU and 720 on N
 if [ "$1" = -c ] && [[ "$2" == *device_count* ]]; then echo "$STUB_GPUS"; exit 0; fi
-if [ "$1" = -m ] && [ "$2" = torch.distributed.run ]; then
-    exec {sys.executable} -c '
-import json, sys
-from pathlib import Path
-args = sys.argv[1:]
-world = int(next(a for a in args if a.startswith("--nproc_per_node=")).split("=")[1])
-out = Path(args[args.index("--out-dir") + 1])
-out.mkdir(parents=True)
-ms = 2600.0 if world == 1 else 680.0
-(out / "config.json").write_text(json.dumps({{"model": "d48", "total_batch_size": 131072,
-    "resolved": {{"world_size": world, "gpu": "stub", "torch": "stub"}}}}))
-records = [{{"kind": "train", "step": s, "ms": ms, "peak_mem_gb": 60.0}}
-           for s in range(int(args[args.index("--max-steps") + 1]))]
-(out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
-' "$@"
-fi
-if [ "$1" = -m ] && [ "$2" = bench.peer_llmc ]; then
-    exec {sys.executable} -c '
-import json, sys
-args = sys.argv[1:]
-n = int(args[args.index("--nproc") + 1])
-ms = 2800.0 if n == 1 else 720.0
-json.dump({{"model": "d48", "gpus": n, "step_ms": ms, "tokens_per_s": 131072 / ms * 1e3, "nvidia_smi_peak_gb": 70.0,
-           "timed_steps": 6}}, open(args[args.index("--out") + 1], "w"))
-' "$@"
-fi
+{_stub_torchrun(2600.0, 680.0, '{"model": "d48", "total_batch_size": 131072, "resolved": {"gpu": "stub", "torch": "stub"}}',
+                '"peak_mem_gb": 60.0')}
+{_stub_peer("bench.peer_llmc", 2800.0, 720.0,
+            '"model": "d48", "tokens_per_s": 131072 / ms * 1e3, "nvidia_smi_peak_gb": 70.0, "timed_steps": 6')}
 exec {sys.executable} "$@"
 """
 
