@@ -8,6 +8,11 @@ runs and training ranks the tests start; set before torch is imported here): the
 than cores, and OpenMP's threads spin while they wait for each other, taking the CPU the other processes need
 (a CPU training rank beside one other: 13 CPU-seconds on two threads, 7.5 on one). A value already set wins.
 
+Every Prefect client the suite's processes make trusts one certificate authority (PREFECT_API_SSL_CERT_FILE, kept
+by `environ_without_prefect_settings`): Prefect builds a TLS context for each client it makes, by default from
+certifi's whole bundle (about 25 ms of CPU), even for an http:// API such as every server the suite starts; a
+deploy makes about 75 clients (13 CPU-seconds with the bundle, 8.5 with one certificate), a flow run a dozen.
+
 The end-to-end tier shares its servers: one deployed server and worker (`server`, `worker`) and one temporary
 in-process server (`prefect_server`) per test process, each started when a test first asks for it. The
 deployed one is stopped once the next module of its process does not use it (an idle server still takes CPU
@@ -15,8 +20,29 @@ the other processes need: a few seconds a minute) and started again, on its data
 """
 
 import os
+import re
+import tempfile
+from pathlib import Path
+
+import certifi
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _one_certificate_authority() -> str:
+    """certifi's first certificate alone, in a file of this user's temporary folder (written whole: several
+    test processes start at once)."""
+    path = Path(tempfile.gettempdir()) / f"gpt2-tests-ca-{os.getuid()}.pem"
+    if not path.exists():
+        bundle = Path(certifi.where()).read_text()
+        first = re.search(r"-----BEGIN CERTIFICATE-----.*?-----END CERTIFICATE-----\n", bundle, re.S).group(0)
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(first)
+        os.replace(partial, path)
+    return str(path)
+
+
+os.environ.setdefault("PREFECT_API_SSL_CERT_FILE", _one_certificate_authority())
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port
+from tests.fixtures.processes import environ_without_prefect_settings, free_port
 from tests.test_pipeline_deployments import clone  # noqa: F401  (fixture: a clone sharing this .venv)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,9 +69,10 @@ def test_run_pipeline_gpu_runs_end_to_end_in_one_command(clone):  # noqa: F811
     its summary's figures are those of the run directories it names, and the server it started is gone. A
     handful of steps: the script, not the numbers, is under test."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = environ_without_prefect_settings()
+    # scheduled scans every 30 s, not the CPU mode's 15: a few while the pipeline trains, not seven flow runs
     env.update(PREFECT_PORT=str(port), PREFECT_WORKER_QUERY_SECONDS="1", STEPS=str(STEPS), ALONE_STEPS=str(ALONE_STEPS),
-               SKIP="1")
+               SKIP="1", EVAL_INTERVAL="30")
     result = subprocess.run(["bash", "-c", "MODE=cpu-tiny bash bench/run_pipeline_gpu.sh"], cwd=clone, env=env,
                             capture_output=True, text=True, timeout=540)
     logs = clone / "artifacts/gpu-run/logs"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port
+from tests.fixtures.processes import environ_without_prefect_settings, free_port
 from tests.fixtures.deployed import stage_states
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,7 +148,7 @@ def clone(tmp_path_factory) -> Clone:
         pytest.skip("pyproject.toml has uncommitted changes: setup.sh in the clone would reinstall the shared .venv")
     subprocess.run(["bash", "scripts/setup.sh"], cwd=REPO, check=True, capture_output=True)
     (path / ".venv").symlink_to(REPO / ".venv")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = environ_without_prefect_settings()
     env["PREFECT_PORT"] = str(free_port())
     c = Clone(path, env)
     yield c

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port, prefect_processes_of, training_processes, wait_for
+from tests.fixtures.processes import (environ_without_prefect_settings, free_port, prefect_processes_of,
+                                      training_processes, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +45,7 @@ def clone(tmp_path) -> Path:
 
 
 def run_sh(clone: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment = environ_without_prefect_settings()
     environment.update(PREFECT_PORT=str(free_port()), **(env or {}))
     result = subprocess.run(["bash", "scripts/run.sh", *args], cwd=clone, env=environment, capture_output=True,
                             text=True, timeout=RUN_TIMEOUT_S)
@@ -124,7 +125,7 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
     a frozen host) nothing can be cancelled: run.sh still ends in bounded time, saying so, and stopping its
     worker takes the flow run's processes with it."""
     run_name = "interrupted-" + re.sub(r"\W+", "-", how)
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment = environ_without_prefect_settings()
     environment["PREFECT_PORT"] = str(free_port())
     # a training run that would go on for hours
     args = ["gpt2-train/smoke", "--param", f"run_name={run_name}", "--param", "max_steps=1000000",

@@ -21,7 +21,7 @@ import pytest
 
 from tests.fixtures.deployed import (serving_this_tree, task_runs, task_states, wait_for_final_state,
                                      wait_until)
-from tests.fixtures.processes import training_processes, wait_for
+from tests.fixtures.processes import environ_without_prefect_settings, training_processes, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +122,7 @@ def test_an_outage_during_tokenizes_progress_updates_costs_an_update_not_the_sta
     relay = Relay(PREFECT_API_URL.value()).start()
     relay.cut_on(b"PATCH /api/artifacts/", outage_s=1.0)  # the first update after the artifact was created
     params = smoke_params(tmp_path / "out", source=str(_corpus(tmp_path / "corpus.jsonl")), dataset="outage")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = environ_without_prefect_settings()
     env.update(PREFECT_API_URL=relay.url, PREFECT_CLIENT_MAX_RETRIES="0", PREFECT_HOME=str(tmp_path / "home"),
                PREFECT_LOCAL_STORAGE_PATH=str(tmp_path / "results"), PREFECT_SERVER_ANALYTICS_ENABLED="false")
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import free_port, prefect_processes_of
+from tests.fixtures.processes import environ_without_prefect_settings, free_port, prefect_processes_of
 from tests.test_pipeline_deployments import clone  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ RUN_TIMEOUT_S = 600  # two smoke runs at once on a loaded 2-core box take about 
 
 
 def _environment(port: int) -> dict[str, str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    environment = environ_without_prefect_settings()
     environment["PREFECT_PORT"] = str(port)
     return environment
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import wait_for
+from tests.fixtures.processes import environ_without_prefect_settings, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -103,7 +103,7 @@ def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_
     run = threading.Thread(target=_a_flow_that_trains_for_a_while(started, steps=40, step_s=0.5), daemon=True)
     run.start()
     flow_run_id = started.get(timeout=300)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env = environ_without_prefect_settings()
     env.update(PREFECT_API_URL=relay.url, PREFECT_CLIENT_MAX_RETRIES="0", PREFECT_HOME=str(tmp_path / "home"))
     watcher = subprocess.Popen([sys.executable, "-m", "flows.watch", str(flow_run_id), "--progress-every", "0"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
