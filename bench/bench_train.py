@@ -103,9 +103,9 @@ VARIANTS = {
 }
 
 
-def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None, y_bias=None, ones_column=False):
+def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None, bias_in_y=None, ones_column=False):
     """kernels.add_layernorm's signature over its plain formula, which torch.compile then fuses itself."""
-    residual, out = add_layernorm_reference(x, y, weight, bias, eps, y_bias)
+    residual, out = add_layernorm_reference(x, y, weight, bias, eps, bias_in_y)
     out = out.to(out_dtype or x.dtype)
     return residual, with_ones_column(out) if ones_column else out
 

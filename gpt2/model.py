@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
-from kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy, linear_no_bias
+from kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy, projection
 from kernels.attention import packed_attention_enabled
 from kernels.compile import register_inductor_fallbacks
 from kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
@@ -59,12 +59,13 @@ def swapped(linear: nn.Linear) -> bool:
 
 
 def project(layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """layer(x) for the fused path, as (output, bias still to add): a plain nn.Linear leaves its bias to
-    add_layernorm, which adds it in the pass it makes anyway (kernels.linear: its weight gradient in fp32);
-    a swapped one runs whole, bias included."""
+    """layer(x) for the fused path, as (output, the bias whose gradient add_layernorm sums): a plain nn.Linear
+    adds its bias in the GEMM, as a constant, and leaves its gradient to the add_layernorm after it, which
+    sums d(residual) anyway (kernels.linear.projection: its weight gradient in fp32); a swapped one runs
+    whole, bias and its gradient included."""
     if swapped(layer):
         return layer(x), None
-    return linear_no_bias(x, layer.weight), layer.bias
+    return projection(x, layer.weight, layer.bias), layer.bias
 
 
 class CausalSelfAttention(nn.Module):
@@ -102,7 +103,7 @@ class MLP(nn.Module):
         else the plain ops, compiled. Swapped linears (FP8) keep their own matmuls, so quack's are not
         used then."""
         if gelu_epilogue_dtype is not None and not swapped(self.c_fc):
-            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, None,
+            return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias,
                              gelu_epilogue_dtype, keep_post), self.c_proj.bias
         return project(self.c_proj, self._hidden(x))
 
@@ -210,9 +211,10 @@ class GPT(nn.Module):
 
         Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
         activation dtype (bf16 under autocast; custom ops do not see autocast, so it is passed
-        explicitly), and each branch's c_proj bias is added inside add_layernorm, whose backward
-        then gives its gradient (`project`). The LayerNorms before c_attn and c_fc write their output with a
-        column of ones beside it, from which those layers' bias gradients come (kernels/linear.py).
+        explicitly); each branch's c_proj adds its bias in its GEMM, rounding once as the plain path and llm.c
+        do, and the add_layernorm after it gives the bias's gradient (`project`). The LayerNorms before c_attn
+        and c_fc write their output with a column of ones beside it, from which those layers' bias gradients
+        come (kernels/linear.py).
         x (B, T, C) is the embedding sum; returns ln_f's output.
         """
         device = x.device.type
@@ -229,11 +231,11 @@ class GPT(nn.Module):
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype,
                                     ones_column=True)
         for i, (block, ln) in enumerate(zip(blocks, next_ln)):
-            y, y_bias = block.attn.fused_branch(h, packed_attention)
+            y, proj_bias = block.attn.fused_branch(h, packed_attention)
             residual, h = add_layernorm(residual, y, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps,
-                                        act_dtype, y_bias=y_bias, ones_column=True)
-            y, y_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post)
-            residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, y_bias=y_bias,
+                                        act_dtype, bias_in_y=proj_bias, ones_column=True)
+            y, proj_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post)
+            residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, bias_in_y=proj_bias,
                                         ones_column=ln is not self.transformer.ln_f)  # ln_f: the classifier's
         return h
 

@@ -7,7 +7,8 @@ so this package imports and works without Triton or a GPU.
 
 - `linear_cross_entropy`: lm_head matmul + softmax cross-entropy + gradients over row chunks; with
   quack-kernels on a Hopper GPU, the softmax inside the logits GEMM's epilogue.
-- `add_layernorm`: residual add + LayerNorm, forward and backward.
+- `add_layernorm`: residual add + LayerNorm, forward and backward; its backward also gives the gradient of
+  the c_proj bias that the branch's GEMM added (`bias_in_y`).
 - `causal_attention`: attention on the packed q/k/v projection; with flash-attn-4 installed, cuDNN's
   forward and FlashAttention-4's backward writing one packed gradient.
 - `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
@@ -15,7 +16,7 @@ so this package imports and works without Triton or a GPU.
   through a column of ones that `add_layernorm(..., ones_column=True)` writes beside its output; fused_mlp
   takes c_fc's bias gradient the same way (kernels/linear.py). Their forward and input-gradient GEMMs run
   quack's GEMM at pinned tiles where the `gpu` extra is installed on a Hopper GPU (`configure_linear`), as
-  does `linear_no_bias` (attention's c_proj, whose bias add_layernorm adds).
+  does `projection` (attention's c_proj: its bias in the GEMM's epilogue, its bias gradient from add_layernorm).
 - `stochastic_round` (kernels/stochastic_round.py, not a custom op: the optimizer calls it outside any
   compiled graph): master weights rounded to bfloat16 values in one pass, the random bits drawn inside.
 - `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
@@ -29,7 +30,7 @@ import torch
 from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
 from kernels.cross_entropy import configure_classifier, linear_cross_entropy, linear_cross_entropy_reference
 from kernels.layernorm import add_layernorm, add_layernorm_reference
-from kernels.linear import biased_linear, configure_linear, linear_no_bias, with_ones_column
+from kernels.linear import biased_linear, configure_linear, projection, with_ones_column
 from kernels.mlp import configure_mlp, fused_mlp
 
 
@@ -63,6 +64,6 @@ __all__ = [
     "fused_mlp",
     "linear_cross_entropy",
     "linear_cross_entropy_reference",
-    "linear_no_bias",
+    "projection",
     "with_ones_column",
 ]

@@ -1,10 +1,13 @@
 """Fused residual add + LayerNorm, forward and backward (llm.c's fused_residual_forward + layernorm).
 
-    residual = x + (y + y_bias)          (in x's dtype: the residual stream; y is the branch output)
+    residual = x + y                     (in x's dtype: the residual stream; y is the branch output)
     out      = (residual - mean) * rstd * weight + bias   (in the activation dtype, e.g. bf16)
 
-`y_bias` is the bias of the matmul that produced y (the c_proj of a block's branch), folded in here so
-that its gradient comes out of this op's backward instead of a separate column-sum pass.
+`bias_in_y` is the bias that the matmul which produced y (the c_proj of a block's branch) added in its
+epilogue: its gradient, the column sum of d(residual), comes out of this op's backward, which walks
+d(residual) anyway, instead of a separate column-sum pass. The bias is added there, not here: rounded
+into the residual here, a bias far below the residual's ulp (a c_proj bias after its first updates)
+would settle every exact tie of the bf16 sum x + y its way (docs/benchmarks.md).
 
 One pass over the row in forward, which writes the residual and the normalised row. Backward
 recomputes xhat from the residual in out's dtype, as llm.c does from its bf16 residual stream:
@@ -16,7 +19,7 @@ recomputes xhat from the residual in out's dtype, as llm.c does from its bf16 re
 Backward reads the saved residual and the incoming gradients of `out` and of `residual` and writes
 d(residual) once: x and y get the same gradient tensor when their dtypes agree (8 bytes per element
 in bf16: read residual, dout, dres, write the gradient), else a second copy in y's dtype. The
-gradients of weight, bias and y_bias are summed per program in fp32 and reduced once at the end;
+gradients of weight, bias and bias_in_y are summed per program in fp32 and reduced once at the end;
 the launch shape (rows per iteration, warps) is a function of C alone (`bwd_launch_shape`), never
 timed per process: the shape sets the order of those sums, and a run resumed in another process must
 sum as the uninterrupted one did. `y=None` is a plain LayerNorm (the first block's ln_1).
@@ -35,14 +38,13 @@ from kernels.linear import ONES_COLUMNS, empty_with_ones_column, padded_width
 
 @jit
 def _add_layernorm_fwd_kernel(
-    x_ptr, y_ptr, y_bias_ptr, w_ptr, b_ptr,  # x, y (N, C); y_bias, w, b (C,)
+    x_ptr, y_ptr, w_ptr, b_ptr,  # x, y (N, C); w, b (C,)
     res_ptr, out_ptr, copy_ptr,  # residual, out, and (WRITE_COPY) the residual in out's dtype (N, C)
     mean_ptr, rstd_ptr,  # (N,) fp32
     eps,
     out_row_stride,  # C, or with ONES_COLUMN the padded row (kernels.linear.padded_width)
     C: tl.constexpr,
     HAS_Y: tl.constexpr,
-    HAS_Y_BIAS: tl.constexpr,
     WRITE_COPY: tl.constexpr,
     ONES_COLUMN: tl.constexpr,  # out's row continues with a one and then zeros (kernels/linear.py)
     N_ONES_COLUMNS: tl.constexpr,
@@ -54,10 +56,7 @@ def _add_layernorm_fwd_kernel(
     offs = row * C + cols
     z = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_Y:
-        branch = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_Y_BIAS:
-            branch += tl.load(y_bias_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        z += branch
+        z += tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     # normalise the residual as stored (rounded to a bf16 stream's dtype): backward recomputes from it
     z = z.to(res_ptr.dtype.element_ty)
     tl.store(res_ptr + offs, z, mask=mask)
@@ -107,7 +106,7 @@ def _add_layernorm_bwd_kernel(
     z_ptr, w_ptr, mean_ptr, rstd_ptr,  # saved by forward: the residual (N, C) in any dtype, w (C,), (N,)
     dout_ptr, dres_ptr,  # incoming gradients of out and of residual (N, C)
     dx_ptr, dy_ptr,  # d(residual) (N, C) in x's dtype, and (WRITE_DY) again in y's
-    partial_ptr,  # (2 + HAS_Y_BIAS, n_programs, C) fp32: per-program sums of the weight, bias, y_bias gradients
+    partial_ptr,  # (2 + HAS_Y_BIAS, n_programs, C) fp32: per-program sums of the weight, bias, bias_in_y gradients
     n_rows,
     C: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
@@ -153,7 +152,7 @@ def _add_layernorm_bwd_kernel(
         dw += dout * xhat
         db += dout
         if HAS_Y_BIAS:
-            dyb += dz  # y_bias is added to every row: its gradient is d(residual)'s column sum
+            dyb += dz  # bias_in_y is in every row of y: its gradient is d(residual)'s column sum
     n_programs = tl.num_programs(0)
     tl.store(partial_ptr + pid * C + cols, tl.sum(dw, axis=0), mask=col_mask)
     tl.store(partial_ptr + (n_programs + pid) * C + cols, tl.sum(db, axis=0), mask=col_mask)
@@ -215,7 +214,7 @@ def _writes_dy(x_dtype: torch.dtype, y_dtype: torch.dtype | None) -> bool:
 def _add_layernorm_fwd(
     x: torch.Tensor,  # (N, C)
     y: torch.Tensor | None,  # (N, C) or None
-    y_bias: torch.Tensor | None,  # (C,) or None (only with y)
+    bias_in_y: torch.Tensor | None,  # (C,) or None (only with y): already in y, here for its gradient
     weight: torch.Tensor,  # (C,)
     bias: torch.Tensor,  # (C,)
     eps: float,
@@ -235,8 +234,8 @@ def _add_layernorm_fwd(
     x, y = x.contiguous(), y.contiguous() if y is not None else None  # the kernels index rows as row * C
     write_copy = _writes_copy(x.dtype, out_dtype)
     if not use_triton(x):  # the reference's own op (torch.native_layer_norm is what F.layer_norm runs)
-        branch = 0.0 if y is None else y.float() + (y_bias.float() if y_bias is not None else 0.0)
-        residual = (x.float() + branch).to(x.dtype)  # a new tensor even without y: outputs may not alias inputs
+        # a new tensor even without y: outputs may not alias inputs
+        residual = (x.float() + (0.0 if y is None else y.float())).to(x.dtype)
         out, mean, rstd = torch.native_layer_norm(residual.float(), (C,), weight.float(), bias.float(), eps)
         copy = residual.to(out_dtype) if write_copy else x.new_empty(0)
         if ones_column:
@@ -249,16 +248,16 @@ def _add_layernorm_fwd(
     mean = torch.empty(N, dtype=torch.float32, device=x.device)
     rstd = torch.empty_like(mean)
     _add_layernorm_fwd_kernel[(N,)](
-        x, y if y is not None else x, y_bias if y_bias is not None else weight, weight, bias,
+        x, y if y is not None else x, weight, bias,
         residual, out, copy if write_copy else out, mean, rstd, eps, out_row_stride,
-        C=C, HAS_Y=y is not None, HAS_Y_BIAS=y_bias is not None, WRITE_COPY=write_copy,
+        C=C, HAS_Y=y is not None, WRITE_COPY=write_copy,
         ONES_COLUMN=ones_column, N_ONES_COLUMNS=ONES_COLUMNS, BLOCK_C=next_power_of_2(C), num_warps=4,
     )
     return residual, out, copy, mean, rstd
 
 
 @_add_layernorm_fwd.register_fake
-def _(x, y, y_bias, weight, bias, eps, out_dtype, ones_column):
+def _(x, y, bias_in_y, weight, bias, eps, out_dtype, ones_column):
     N, C = x.shape
     out = x.new_empty_strided((N, C), (padded_width(C) if ones_column else C, 1), dtype=out_dtype)
     copy = torch.empty_like(out) if _writes_copy(x.dtype, out_dtype) else x.new_empty(0)
@@ -279,7 +278,7 @@ def _add_layernorm_bwd(
     has_y_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dx in x_dtype, dy in y_dtype or empty (see `_writes_dy`), the gradients of weight, bias
-    and (has_y_bias) y_bias stacked (2 or 3, C) in weight's dtype)."""
+    and (has_y_bias) the bias in y stacked (2 or 3, C) in weight's dtype)."""
     return add_layernorm_backward(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias)
 
 
@@ -329,13 +328,13 @@ def _(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias):
 
 
 def _setup_context(ctx, inputs, output):
-    x, y, y_bias, weight, _, _, out_dtype, _ = inputs
+    x, y, bias_in_y, weight, _, _, out_dtype, _ = inputs
     residual, _, copy, mean, rstd = output
     # the residual in out's dtype: with a bf16 copy, the fp32 residual is freed once the next add has read it
     ctx.save_for_backward(copy if _writes_copy(x.dtype, out_dtype) else residual, weight, mean, rstd)
     ctx.x_dtype = x.dtype
     ctx.y_dtype = y.dtype if y is not None else None
-    ctx.y_bias_dtype = y_bias.dtype if y_bias is not None else None
+    ctx.y_bias_dtype = bias_in_y.dtype if bias_in_y is not None else None
     ctx.mark_non_differentiable(copy, mean, rstd)
 
 
@@ -361,16 +360,17 @@ def add_layernorm(
     bias: torch.Tensor,
     eps: float = 1e-5,
     out_dtype: torch.dtype | None = None,
-    y_bias: torch.Tensor | None = None,
+    bias_in_y: torch.Tensor | None = None,
     ones_column: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + (y + y_bias), LayerNorm of it) over the last dim; y=None normalises x alone (the residual
-    is then a copy).
+    """(x + y, LayerNorm of it) over the last dim; y=None normalises x alone (the residual is then a
+    copy).
 
     x (..., C) is the residual stream, whose dtype the sum keeps (fp32, or bf16 as the fused model
     runs it); `out_dtype` (default x's) is the dtype of the normalised output, e.g. bf16 under
-    autocast, which custom ops do not see. `y_bias` (C,) is the bias of the matmul that made y, left
-    out of that matmul so that its gradient comes from this op's backward. `ones_column` lays the
+    autocast, which custom ops do not see. `bias_in_y` (C,) is the bias that the matmul which made y
+    has added, taken there as a constant (kernels.linear.projection, kernels.fused_mlp): this op does not
+    add it again, and its backward returns the bias's gradient, Σ_rows dy. `ones_column` lays the
     normalised output out for a biased linear layer of kernels/linear.py to read, which then takes its bias
     gradient from its weight-gradient GEMM.
     """
@@ -379,12 +379,12 @@ def add_layernorm(
         raise ValueError(f"weight and bias must be ({C},), got {tuple(weight.shape)} and {tuple(bias.shape)}")
     if y is not None and y.shape != x.shape:
         raise ValueError(f"y shape {tuple(y.shape)} must equal x shape {tuple(x.shape)}")
-    if y_bias is not None and (y is None or y_bias.shape != (C,)):
-        raise ValueError(f"y_bias must be ({C},) and come with y, got {tuple(y_bias.shape)} with y "
+    if bias_in_y is not None and (y is None or bias_in_y.shape != (C,)):
+        raise ValueError(f"bias_in_y must be ({C},) and come with y, got {tuple(bias_in_y.shape)} with y "
                          f"{'None' if y is None else tuple(y.shape)}")
     y2 = y.reshape(-1, C) if y is not None else None  # (N, C)
-    residual, out, _, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, y_bias, weight, bias, eps, out_dtype or x.dtype,
-                                                ones_column)
+    residual, out, _, _, _ = _add_layernorm_fwd(x.reshape(-1, C), y2, bias_in_y, weight, bias, eps,
+                                                out_dtype or x.dtype, ones_column)
     return residual.view(x.shape), out.view(x.shape)
 
 
@@ -394,9 +394,10 @@ def add_layernorm_reference(
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float = 1e-5,
-    y_bias: torch.Tensor | None = None,
+    bias_in_y: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain formula (autograd through torch ops), the residual in x's dtype."""
-    branch = y + y_bias if y is not None and y_bias is not None else y
+    """The plain formula (autograd through torch ops), the residual in x's dtype. bias_in_y, already in y,
+    enters as a zero whose gradient is the bias's."""
+    branch = y + (bias_in_y - bias_in_y.detach()) if y is not None and bias_in_y is not None else y
     residual = (x + branch).to(x.dtype) if y is not None else x
     return residual, F.layer_norm(residual, (x.size(-1),), weight, bias, eps)

@@ -19,7 +19,10 @@ and 0.05 ms more at c_fc's (0.49 ms); docs/benchmarks.md has the measurements.
 (`weight_and_bias_grads`). `with_ones_column` gives any (..., C) tensor the layout (a copy), for callers
 that do not get h from add_layernorm.
 
-`matmul` is the block's forward and input-gradient GEMM (c_attn, attention's c_proj through `linear_no_bias`,
+`projection` is attention's c_proj: its bias goes into the GEMM's epilogue, its bias gradient comes from the
+add_layernorm after it (`bias_in_y`), which sums d(residual) anyway.
+
+`matmul` is the block's forward and input-gradient GEMM (c_attn, attention's c_proj through `projection`,
 the MLP's c_proj and c_fc in kernels/mlp.py): on a Hopper GPU with the `gpu` extra, quack's GEMM at a tile
 pinned per call site (`configure_linear` turns it on once it agrees with torch's), else torch's. At d12 on
 an H100 it took 3-12% less time than cuBLAS at each of those six GEMMs, with bit for bit the same output
@@ -49,6 +52,7 @@ C_ATTN_INPUT_GRAD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, clu
 MLP_PROJ_FORWARD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2)  # 431 against 446
 MLP_FC_INPUT_GRAD = dict(tile_m=256, tile_n=192, pingpong=False, cluster_m=1, cluster_n=2)  # 428 against 448
 ATTN_PROJ = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)  # 112 against 123 and 128
+# (c_proj's forward tiles were measured without their bias, which the epilogue now adds: one (C,) read a tile)
 
 # Whether `matmul` runs quack's GEMM on CUDA; set by configure_linear before a model is compiled
 _quack_gemm_on_cuda = False
@@ -218,18 +222,20 @@ def _(dy, h, weight, grad_dtype):
 
 
 def _register_autograd(op, backward_op) -> None:
-    """op(h, weight, ...) -> (y, weight's cast): its backward is backward_op(dy, h, the cast, the parameters'
-    dtype), whose gradients are op's inputs'."""
+    """op(h, weight, bias) -> (y, weight's cast): its backward is backward_op(dy, h, the cast, the parameters'
+    dtype), whose gradients are op's first inputs' (the rest, `projection`'s bias, take none)."""
 
     def setup_context(ctx, inputs, output):
         h, weight = inputs[:2]
         ctx.save_for_backward(h, output[1])
         ctx.grad_dtype = weight.dtype
+        ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(output[1])
 
     def backward(ctx, dy, _dw):
         h, w = ctx.saved_tensors
-        return backward_op(dy.contiguous(), h, w, ctx.grad_dtype)
+        grads = backward_op(dy.contiguous(), h, w, ctx.grad_dtype)
+        return *grads, *(None,) * (ctx.n_inputs - len(grads))
 
     op.register_autograd(backward, setup_context=setup_context)
 
@@ -237,35 +243,38 @@ def _register_autograd(op, backward_op) -> None:
 _register_autograd(_biased_linear, _biased_linear_bwd)
 
 
-def linear_no_bias(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """h (..., C) -> h Wᵀ (..., out) in h's dtype, without a bias (the fused model adds attention c_proj's in
-    add_layernorm); weight's gradient in weight's dtype, out of the GEMM's fp32 accumulator."""
+def projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A branch's c_proj in the fused model: h (..., C) -> h Wᵀ + b (..., out) in h's dtype, the bias added to the
+    GEMM's fp32 accumulator before its one rounding (in quack's epilogue), as the plain path and llm.c add it.
+    The bias is a constant here (taken detached): its gradient, Σ_rows dy, is the next add_layernorm's to sum
+    (its `bias_in_y`), in the pass over d(residual) = dy its backward makes anyway. Weight's gradient comes in
+    weight's dtype, out of the GEMM's fp32 accumulator."""
     C = h.size(-1)
-    return _linear_no_bias(h.reshape(-1, C), weight)[0].view(*h.shape[:-1], weight.size(0))
+    return _projection(h.reshape(-1, C), weight, bias.detach())[0].view(*h.shape[:-1], weight.size(0))
 
 
-@torch.library.custom_op("gpt2_kernels::linear_no_bias", mutates_args=())
-def _linear_no_bias(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (h Wᵀ (N, out) in h's dtype, W in h's dtype for the backward)."""
+@torch.library.custom_op("gpt2_kernels::projection", mutates_args=())
+def _projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward)."""
     w = compute_copy(weight, h.dtype)
-    return matmul(h, w.t(), None, ATTN_PROJ), w
+    return matmul(h, w.t(), bias.to(h.dtype), ATTN_PROJ), w
 
 
-@_linear_no_bias.register_fake
-def _(h, weight):
+@_projection.register_fake
+def _(h, weight, bias):
     return h.new_empty(h.size(0), weight.size(0)), weight.new_empty(weight.shape, dtype=h.dtype)
 
 
-@torch.library.custom_op("gpt2_kernels::linear_no_bias_bwd", mutates_args=())
-def _linear_no_bias_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op("gpt2_kernels::projection_bwd", mutates_args=())
+def _projection_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """weight in the compute dtype -> (dh (N, C) in h's dtype, dW in grad_dtype, the parameter's)."""
     return matmul(dy, weight.to(dy.dtype), None, ATTN_PROJ), matmul_out(dy.t(), h, grad_dtype)
 
 
-@_linear_no_bias_bwd.register_fake
+@_projection_bwd.register_fake
 def _(dy, h, weight, grad_dtype):
     return h.new_empty(h.shape), weight.new_empty(weight.shape, dtype=grad_dtype)
 
 
-_register_autograd(_linear_no_bias, _linear_no_bias_bwd)
+_register_autograd(_projection, _projection_bwd)

@@ -1,7 +1,7 @@
 """GPT-2's MLP with the tanh GELU inside its matmuls' epilogues (quack's CuTe GEMMs), where installed.
 
     forward:   pre, post = h @ W_fcᵀ + b_fc, gelu(pre)      one GEMM writes both (quack gemm_act)
-               y = post @ W_projᵀ (+ b_proj)                cuBLAS
+               y = post @ W_projᵀ + b_proj                  kernels.linear.matmul, b_proj in its epilogue
     backward:  dpre, post = (dy @ W_proj) ∘ gelu'(pre), gelu(pre)   one GEMM, reading pre in its epilogue
                                                            (dgelu); with post kept, it writes dpre alone
                dW_proj = dyᵀ post;  [dW_fc | db_fc] = dpreᵀ [h | 1];  dh = dpre W_fc
@@ -12,7 +12,9 @@ post, backward writes dpost from the matmul and reads it back with pre. Inside t
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
 docs/benchmarks.md). The c_fc bias gradient comes out of the dW_fc GEMM: h arrives from add_layernorm with
 a column of ones (kernels/linear.py), cheaper than a column sum in the backward GEMM's epilogue (0.07-0.11 ms
-a call at d12 on an H100, against 0.05 for the wider dW_fc GEMM). pre is kept for backward;
+a call at d12 on an H100, against 0.05 for the wider dW_fc GEMM). c_proj's bias is a constant to this op:
+its gradient, Σ_rows dy, comes from the add_layernorm after the MLP (`bias_in_y`), which sums d(residual)
+anyway (kernels.linear.projection says why the bias is added here all the same). pre is kept for backward;
 post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
 with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`, within the
 budget configure_mlp is given: gpt2.train's `keep_mlp_post_gb`, 2.5 GB by default).
@@ -99,15 +101,15 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     g = torch.Generator(device=device).manual_seed(0)
     h = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
     dy = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
-    w_fc, b_fc, w_proj = (0.02 * torch.randn(*s, device=device, generator=g)
-                          for s in ((4 * n_embd, n_embd), (4 * n_embd,), (n_embd, 4 * n_embd)))
+    w_fc, b_fc, w_proj, b_proj = (0.02 * torch.randn(*s, device=device, generator=g)
+                                  for s in ((4 * n_embd, n_embd), (4 * n_embd,), (n_embd, 4 * n_embd), (n_embd,)))
     h = with_ones_column(h)
-    ref_y, ref_pre, _ = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, None)
-    ref_grads = mlp_reference_bwd(dy.float(), h, ref_pre, ref_pre.new_empty(0), w_fc, w_proj, False)
+    ref_y, ref_pre, _ = mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, b_proj)
+    ref_grads = mlp_reference_bwd(dy.float(), h, ref_pre, ref_pre.new_empty(0), w_fc, w_proj)
     pairs = []
     for keep_post in (False, True) if keep_post_bytes else (False,):  # post rebuilt, and kept where configured
-        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, None, dtype, keep_post)
-        grads = _mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, False, w_fc.dtype)
+        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, dtype, keep_post)
+        grads = _mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, w_fc.dtype)
         pairs += zip((y, *grads[:4]), (ref_y, *ref_grads[:4]))
     err = max_relative_error(pairs)
     if err > CHECK_TOLERANCE:
@@ -135,10 +137,13 @@ def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: t
     h carries a column of ones (kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
 
     The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
-    do not see autocast), once: the backward keeps the casts. Their gradients come back in fp32. `keep_post`
+    do not see autocast), once: the backward keeps the casts. Their gradients come back in fp32, but for
+    b_proj's: added in c_proj's GEMM as a constant (taken detached), its gradient, Σ_rows dy, is the next
+    add_layernorm's to sum (`bias_in_y`), as for kernels.linear.projection. `keep_post`
     keeps the GELU's output for backward (its memory, (..., 4C) in act_dtype) instead of having the backward
     GEMM rebuild it."""
     C = h.size(-1)
+    b_proj = b_proj.detach() if b_proj is not None else None
     y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post)[0]
     return y.view(h.shape)
 
@@ -174,14 +179,13 @@ def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post):
 
 @torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.Tensor, w_fc: torch.Tensor,
-             w_proj: torch.Tensor, has_proj_bias: bool, grad_dtype: torch.dtype
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj, db_proj (empty without) in grad_dtype, the
-    parameters'). The weights in the compute dtype (the forward's casts); post: the forward's (N, 4C), or
-    empty to have it rebuilt from pre."""
+             w_proj: torch.Tensor, grad_dtype: torch.dtype
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj in grad_dtype, the parameters'). The weights in the
+    compute dtype (the forward's casts); post: the forward's (N, 4C), or empty to have it rebuilt from pre."""
     dtype = pre.dtype
     if not dy.is_cuda:
-        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype)
+        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype)
     quack = _load_quack()
     dy, h = dy.to(dtype), in_dtype(h, dtype)  # w_fc and w_proj come in dtype: the forward's casts
     if post.numel():  # (N, 4C)
@@ -191,41 +195,37 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
         out = quack.dgelu(dy, w_proj, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
                           config=quack.dgelu_config, dynamic_scheduler=True)
         post = out["postact"]
-    return _weight_grads(dy, h, out["D"], post, w_fc, has_proj_bias, grad_dtype)
+    return _weight_grads(dy, h, out["D"], post, w_fc, grad_dtype)
 
 
 @_mlp_bwd.register_fake
-def _(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype):
-    n_proj_bias = w_proj.size(0) if has_proj_bias else 0
-    grads = (w_fc.shape, (w_fc.size(0),), w_proj.shape, (n_proj_bias,))
+def _(dy, h, pre, post, w_fc, w_proj, grad_dtype):
+    grads = (w_fc.shape, (w_fc.size(0),), w_proj.shape)
     return h.new_empty(h.shape, dtype=pre.dtype), *(w_fc.new_empty(shape, dtype=grad_dtype) for shape in grads)
 
 
-def _weight_grads(dy, h, dpre, post, w_fc, has_proj_bias, dtype):
-    """The matmul gradients (and c_proj's bias sum) shared by the quack path and the reference; c_fc's
-    bias gradient from the dW_fc GEMM, through h's column of ones. dtype: the parameters' (fp32 in
-    training): weight grads come out, bias sums accumulate in it."""
+def _weight_grads(dy, h, dpre, post, w_fc, dtype):
+    """The matmul gradients shared by the quack path and the reference; c_fc's bias gradient from the dW_fc
+    GEMM, through h's column of ones. dtype: the parameters' (fp32 in training), which the weight gradients
+    come out in."""
     dh = matmul(dpre, w_fc.to(dpre.dtype), None, MLP_FC_INPUT_GRAD)  # (N, C)
     dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)
-    db_proj = dy.sum(0, dtype=dtype) if has_proj_bias else dy.new_empty(0, dtype=dtype)
     # copies: a custom op's outputs may not alias each other (dW_fc and db_fc are views of one product)
-    return dh, dw_fc.contiguous(), db_fc.clone(), matmul_out(dy.t(), post, dtype), db_proj
+    return dh, dw_fc.contiguous(), db_fc.clone(), matmul_out(dy.t(), post, dtype)
 
 
 def _setup_context(ctx, inputs, output):
-    h, w_fc, _, _, b_proj, _, _ = inputs
+    h, w_fc, _, _, _, _, _ = inputs
     _, pre, post, w_fc_c, w_proj_c = output
     ctx.save_for_backward(h, pre, post, w_fc_c, w_proj_c)
-    ctx.has_proj_bias = b_proj is not None
     ctx.h_dtype, ctx.grad_dtype = h.dtype, w_fc.dtype
     ctx.mark_non_differentiable(pre, post, w_fc_c, w_proj_c)
 
 
 def _backward(ctx, dy, _dpre, _dpost, _dw_fc, _dw_proj):
     h, pre, post, w_fc, w_proj = ctx.saved_tensors
-    dh, dw_fc, db_fc, dw_proj, db_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.has_proj_bias,
-                                                  ctx.grad_dtype)
-    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, (db_proj if ctx.has_proj_bias else None), None, None
+    dh, dw_fc, db_fc, dw_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.grad_dtype)
+    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, None, None, None  # b_proj: a constant (fused_mlp)
 
 
 _mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -238,7 +238,7 @@ def mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj):
     return F.linear(post, w_proj.to(h.dtype), b_proj.to(h.dtype) if b_proj is not None else None), pre, post
 
 
-def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype=None):
+def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype=None):
     """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`; post is
     the forward's, or empty to rebuild it from pre as the backward GEMM does. h carries the ones column; the
     gradients come in grad_dtype (default: the weights')."""
@@ -250,5 +250,4 @@ def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, has_proj_bias, grad_dtype=
     dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
     if not post.numel():
         post = (0.5 * x * (1 + t)).to(pre.dtype)
-    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, has_proj_bias,
-                         grad_dtype or w_fc.dtype)
+    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, grad_dtype or w_fc.dtype)

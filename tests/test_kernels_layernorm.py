@@ -19,12 +19,12 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 
 @pytest.mark.parametrize(
-    "N, C, x_dtype, y_dtype, with_y_bias, out_dtype, tol",
+    "N, C, x_dtype, y_dtype, with_bias_in_y, out_dtype, tol",
     [
         # rows and C not powers of two; 37 rows > 16 backward programs on CPU, so programs walk
         # several rows and the last one runs past the end (masked)
         (37, 24, F32, F32, False, F32, 1e-5),
-        (37, 24, F32, F32, True, F32, 1e-5),  # the c_proj bias folded into the add
+        (37, 24, F32, F32, True, F32, 1e-5),  # with the gradient of the c_proj bias in y
         (13, 100, F32, BF16, False, BF16, 2e-2),  # an fp32 residual stream, bf16 branch
         (13, 100, F32, BF16, True, BF16, 2e-2),
         (13, 100, BF16, BF16, False, BF16, 2e-2),  # the bf16 residual stream (llm.c's layout)
@@ -33,26 +33,26 @@ F32, BF16 = torch.float32, torch.bfloat16
         (5, 100, BF16, None, False, BF16, 2e-2),  # first block's ln_1 of a bf16 stream
     ],
 )
-def test_matches_reference(N, C, x_dtype, y_dtype, with_y_bias, out_dtype, tol):
+def test_matches_reference(N, C, x_dtype, y_dtype, with_bias_in_y, out_dtype, tol):
     g = torch.Generator().manual_seed(N * C)
     x = torch.randn(N, C, generator=g).to(DEVICE, x_dtype).requires_grad_()
     y = torch.randn(N, C, generator=g).to(DEVICE, y_dtype).requires_grad_() if y_dtype else None
     w = (1 + 0.5 * torch.randn(C, generator=g)).to(DEVICE).requires_grad_()
     b = (0.1 * torch.randn(C, generator=g)).to(DEVICE).requires_grad_()
-    y_bias = (0.3 * torch.randn(C, generator=g)).to(DEVICE).requires_grad_() if with_y_bias else None
+    bias_in_y = (0.3 * torch.randn(C, generator=g)).to(DEVICE).requires_grad_() if with_bias_in_y else None
     # incoming gradients, rounded to the dtypes autograd will hand the op
     d_res = torch.randn(N, C, generator=g).to(DEVICE, x_dtype)
     d_out = torch.randn(N, C, generator=g).to(DEVICE, out_dtype)
 
-    residual, out = add_layernorm(x, y, w, b, out_dtype=out_dtype, y_bias=y_bias)
+    residual, out = add_layernorm(x, y, w, b, out_dtype=out_dtype, bias_in_y=bias_in_y)
     assert residual.dtype == x_dtype and out.dtype == out_dtype
     torch.autograd.backward((residual, out), (d_res, d_out))
 
-    inputs = {"x": x, "weight": w, "bias": b, "y": y, "y_bias": y_bias}
+    inputs = {"x": x, "weight": w, "bias": b, "y": y, "bias_in_y": bias_in_y}
     inputs = {name: t for name, t in inputs.items() if t is not None}
     ref = {name: t.detach().double().requires_grad_() for name, t in inputs.items()}
     ref_res, ref_out = add_layernorm_reference(ref["x"], ref.get("y"), ref["weight"], ref["bias"],
-                                               y_bias=ref.get("y_bias"))
+                                               bias_in_y=ref.get("bias_in_y"))
     torch.autograd.backward((ref_res, ref_out), (d_res.double(), d_out.double()))
 
     assert rel_err(residual, ref_res) < (1e-6 if x_dtype == F32 else 2**-7)
@@ -76,16 +76,33 @@ def test_unused_residual_output():
     assert rel_err(x.grad, rx.grad) < 1e-5 and rel_err(y.grad, ry.grad) < 1e-5
 
 
+@pytest.mark.parametrize("dtype, tol", [(F32, 1e-5), (BF16, 2e-2)])
+def test_the_bias_in_y_is_not_added_again_and_gets_the_column_sum_of_dy(dtype, tol):
+    """The c_proj bias is already in y (its GEMM added it before y's one rounding): the op leaves every value
+    as it is without the bias, bit for bit, and returns the bias's gradient, Σ_rows d(residual). Added again
+    here, a bias far below the bf16 residual's ulp would settle every exact tie of x + y its way."""
+    g = torch.Generator().manual_seed(5)
+    x, y, d_res, d_out = (torch.randn(37, 100, generator=g).to(DEVICE, dtype) for _ in range(4))
+    w, b = (1 + 0.5 * torch.randn(100, generator=g)).to(DEVICE), (0.1 * torch.randn(100, generator=g)).to(DEVICE)
+    bias_in_y = torch.full((100,), 1e-6, device=DEVICE, requires_grad=True)
+    with_bias = add_layernorm(x, y, w, b, out_dtype=dtype, bias_in_y=bias_in_y)
+    without = add_layernorm(x, y, w, b, out_dtype=dtype)
+    assert torch.equal(with_bias[0], without[0]) and torch.equal(with_bias[1], without[1])
+    leaves = [t.clone().requires_grad_() for t in (x, y)]
+    torch.autograd.backward(add_layernorm(*leaves, w, b, out_dtype=dtype, bias_in_y=bias_in_y), (d_res, d_out))
+    assert rel_err(bias_in_y.grad, leaves[1].grad.double().sum(0)) < tol  # dy: d(residual) rounded to y's dtype
+
+
 @pytest.mark.parametrize("x_dtype, out_dtype", [(F32, F32), (BF16, BF16)])
-@pytest.mark.parametrize("with_y_bias", [False, True], ids=["", "y_bias"])
+@pytest.mark.parametrize("with_bias_in_y", [False, True], ids=["", "bias_in_y"])
 @pytest.mark.parametrize("ones_column", [False, True], ids=["", "ones_column"])
-def test_opcheck_fake_and_autograd_registrations(x_dtype, out_dtype, with_y_bias, ones_column):
+def test_opcheck_fake_and_autograd_registrations(x_dtype, out_dtype, with_bias_in_y, ones_column):
     """Also checks that no two outputs alias, in the layouts where the residual itself is saved."""
     g = torch.Generator().manual_seed(2)
     x, y = (torch.randn(4, 24, generator=g).to(DEVICE, x_dtype).requires_grad_() for _ in range(2))
-    w, b, y_bias = (torch.randn(24, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    w, b, bias_in_y = (torch.randn(24, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
     op = torch.ops.gpt2_kernels.add_layernorm_fwd.default
-    torch.library.opcheck(op, (x, y, y_bias if with_y_bias else None, w, b, 1e-5, out_dtype, ones_column),
+    torch.library.opcheck(op, (x, y, bias_in_y if with_bias_in_y else None, w, b, 1e-5, out_dtype, ones_column),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
 
@@ -120,10 +137,10 @@ def test_mismatched_shapes_are_rejected():
         add_layernorm(x, y, torch.ones(24), torch.zeros(24))
     with pytest.raises(ValueError, match="weight and bias"):
         add_layernorm(x, None, torch.ones(20), torch.zeros(20))
-    with pytest.raises(ValueError, match="y_bias"):
-        add_layernorm(x, torch.randn(4, 24), torch.ones(24), torch.zeros(24), y_bias=torch.zeros(20))
-    with pytest.raises(ValueError, match="y_bias"):
-        add_layernorm(x, None, torch.ones(24), torch.zeros(24), y_bias=torch.zeros(24))
+    with pytest.raises(ValueError, match="bias_in_y"):
+        add_layernorm(x, torch.randn(4, 24), torch.ones(24), torch.zeros(24), bias_in_y=torch.zeros(20))
+    with pytest.raises(ValueError, match="bias_in_y"):
+        add_layernorm(x, None, torch.ones(24), torch.zeros(24), bias_in_y=torch.zeros(24))
 
 
 @pytest.mark.parametrize(
@@ -140,7 +157,7 @@ def test_backward_keeps_one_residual_in_the_output_dtype(x_dtype, out_dtype, sav
     N, C = 8, 24
     x = torch.randn(N, C, device=DEVICE, dtype=x_dtype, requires_grad=True)
     y = torch.randn(N, C, device=DEVICE, dtype=BF16, requires_grad=True)
-    w, b, y_bias = (torch.randn(C, device=DEVICE, requires_grad=True) for _ in range(3))
+    w, b, bias_in_y = (torch.randn(C, device=DEVICE, requires_grad=True) for _ in range(3))
     saved = []
 
     def pack(t):
@@ -148,11 +165,12 @@ def test_backward_keeps_one_residual_in_the_output_dtype(x_dtype, out_dtype, sav
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        residual, _ = add_layernorm(x, y, w, b, out_dtype=out_dtype, y_bias=y_bias)
+        residual, _ = add_layernorm(x, y, w, b, out_dtype=out_dtype, bias_in_y=bias_in_y)
     rows = [t for t in saved if t.shape == (N, C)]
     assert [t.dtype for t in rows] == [out_dtype]
     assert (rows[0].data_ptr() == residual.data_ptr()) == saves_the_residual
-    op_outputs = torch.ops.gpt2_kernels.add_layernorm_fwd(x.detach(), y.detach(), y_bias, w, b, 1e-5, out_dtype, False)
+    op_outputs = torch.ops.gpt2_kernels.add_layernorm_fwd(x.detach(), y.detach(), bias_in_y, w, b, 1e-5, out_dtype,
+                                                          False)
     assert sum(t.numel() == N * C for t in op_outputs) == (2 if saves_the_residual else 3)
 
 
@@ -161,9 +179,9 @@ def test_same_dtype_gradient_is_written_once_for_x_and_y(dtype):
     """x + y: when x and y share a dtype their gradients are one tensor (d(residual) is written once)."""
     g = torch.Generator().manual_seed(4)
     x, y = (torch.randn(8, 24, generator=g).to(DEVICE, dtype).requires_grad_() for _ in range(2))
-    w, b, y_bias = (torch.randn(24, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    w, b, bias_in_y = (torch.randn(24, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
     d_res, d_out = (torch.randn(8, 24, generator=g).to(DEVICE, dtype) for _ in range(2))
-    residual, out = add_layernorm(x, y, w, b, out_dtype=dtype, y_bias=y_bias)
+    residual, out = add_layernorm(x, y, w, b, out_dtype=dtype, bias_in_y=bias_in_y)
     dx, dy = torch.autograd.grad((residual, out), (x, y), (d_res, d_out))
     assert dx.data_ptr() == dy.data_ptr()
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from kernels import add_layernorm, biased_linear, with_ones_column
 import kernels.linear as linear
-from kernels.linear import (_biased_linear, _biased_linear_bwd, _linear_no_bias, _linear_no_bias_bwd, augmented,
+from kernels.linear import (_biased_linear, _biased_linear_bwd, _projection, _projection_bwd, augmented,
                             padded_width)
 from tests.fixtures.numerics import rel_err
 
@@ -38,37 +38,39 @@ def test_gradients_match_autograd_through_f_linear(N, C, out):
 
 
 @pytest.mark.parametrize("N, C, out", [(7, 5, 15), (1, 3, 9), (130, 64, 8)])
-def test_bias_free_linear_matches_autograd_through_f_linear(N, C, out):
-    h, dy, w, _ = leaves(N, C, out)
-    x, wl = h.clone().requires_grad_(), w.clone().requires_grad_()
-    y = linear.linear_no_bias(x.view(1, N, C), wl)  # a leading batch dimension, as the model passes
+def test_projection_matches_autograd_through_f_linear_but_leaves_its_bias_gradient_to_add_layernorm(N, C, out):
+    """c_proj's op: F.linear's output, the bias added in the GEMM, and F.linear's input and weight gradients;
+    the bias is a constant to it (the add_layernorm after it sums the bias's gradient)."""
+    h, dy, w, b = leaves(N, C, out)
+    x, wl, bl = h.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+    y = linear.projection(x.view(1, N, C), wl, bl)  # a leading batch dimension, as the model passes
     y.backward(dy.view(1, N, out))
     ref = [t.clone().requires_grad_() for t in (h, w)]
-    F.linear(*ref).backward(dy)
-    assert y.shape == (1, N, out) and rel_err(y.view(N, out), F.linear(h, w)) < 1e-12
+    F.linear(*ref, b).backward(dy)
+    assert y.shape == (1, N, out) and rel_err(y.view(N, out), F.linear(h, w, b)) < 1e-12
     for got, want in zip((x.grad, wl.grad), (t.grad for t in ref)):
         assert got.shape == want.shape and rel_err(got, want) < 1e-12
+    assert bl.grad is None
 
 
-def test_bias_free_linear_gives_its_weight_gradient_in_fp32_from_bf16_activations():
+def test_projection_gives_its_weight_gradient_in_fp32_from_bf16_activations():
     """Under autocast the fused model's c_proj got a bf16 weight gradient, rounded before it reached the fp32
     parameter; the op's comes out of the GEMM's fp32 accumulator."""
-    h, dy, w, _ = (t.float() for t in leaves(256, 32, 16, seed=3))
+    h, dy, w, b = (t.float() for t in leaves(256, 32, 16, seed=3))
     wl = w.clone().requires_grad_()
-    linear.linear_no_bias(h.bfloat16(), wl).backward(dy.bfloat16())
+    linear.projection(h.bfloat16(), wl, b).backward(dy.bfloat16())
     want = dy.bfloat16().double().t() @ h.bfloat16().double()
     assert wl.grad.dtype == torch.float32 and rel_err(wl.grad, want) < 1e-6
 
 
-@pytest.mark.parametrize("op", ["biased_linear", "linear_no_bias"])
+@pytest.mark.parametrize("op", ["biased_linear", "projection"])
 def test_the_backward_uses_the_weights_the_forward_cast(op):
     """The forward's cast of the weights to the compute dtype is what the backward multiplies by (no second
     cast a micro-step): a weight changed in place after the forward neither changes the input gradient nor
     makes autograd refuse the backward, as it did while the op kept the parameter itself."""
     h, dy, w, b = (t.float() for t in leaves(33, 12, 36, seed=4))
     x, wl = with_ones_column(h, torch.bfloat16).requires_grad_(), w.clone().requires_grad_()
-    args = (x, wl, b.clone().requires_grad_()) if op == "biased_linear" else (x, wl)
-    y = getattr(linear, op)(*args)
+    y = getattr(linear, op)(x, wl, b.clone().requires_grad_())
     with torch.no_grad():
         wl.mul_(2)
     y.backward(dy.bfloat16())
@@ -92,8 +94,8 @@ def test_ops_pass_opcheck():
     h = with_ones_column(h)
     torch.library.opcheck(_biased_linear, (h, w, b), test_utils=OPCHECKS)
     torch.library.opcheck(_biased_linear_bwd, (dy, h, w, torch.float32), test_utils=OPCHECKS)
-    torch.library.opcheck(_linear_no_bias, (h, w[:, :4].contiguous()))
-    torch.library.opcheck(_linear_no_bias_bwd, (dy, h.contiguous(), w[:, :4].contiguous(), torch.float32))
+    torch.library.opcheck(_projection, (h, w[:, :4].contiguous(), b))
+    torch.library.opcheck(_projection_bwd, (dy, h.contiguous(), w[:, :4].contiguous(), torch.float32))
 
 
 def test_an_input_without_the_column_is_refused_in_forward():

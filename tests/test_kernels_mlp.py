@@ -37,20 +37,15 @@ def test_reference_backward_matches_autograd(N, C, with_proj_bias):
     h, dy = (torch.randn(N, C, dtype=torch.float64, generator=g) for _ in range(2))
     h = with_ones_column(h)  # as add_layernorm lays it out for the op: c_fc's bias gradient comes from it
     y, pre, post = mlp_op.mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
-    grads = mlp_op.mlp_reference_bwd(dy, h, pre, pre.new_empty(0), w_fc, w_proj, with_proj_bias)
-    kept = mlp_op.mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, with_proj_bias)  # post from the forward
-    assert all(a.numel() == 0 or rel_err(a, b) < 1e-12 for a, b in zip(grads, kept))
+    grads = mlp_op.mlp_reference_bwd(dy, h, pre, pre.new_empty(0), w_fc, w_proj)
+    kept = mlp_op.mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj)  # post from the forward
+    assert all(rel_err(a, b) < 1e-12 for a, b in zip(grads, kept))
     leaves = [t.clone().requires_grad_() for t in (h, w_fc, b_fc, w_proj)]
-    bias = b_proj.clone().requires_grad_() if with_proj_bias else None
-    y_ref = plain_mlp(*leaves, bias)
+    y_ref = plain_mlp(*leaves, b_proj)
     y_ref.backward(dy)
     assert rel_err(y, y_ref) < 1e-12
-    expected = [t.grad for t in leaves] + ([bias.grad] if with_proj_bias else [])
-    got = list(grads[:4]) + ([grads[4]] if with_proj_bias else [])
-    for a, b in zip(got, expected):
+    for a, b in zip(grads, [t.grad for t in leaves]):  # c_proj's bias gradient is add_layernorm's (bias_in_y)
         assert rel_err(a, b) < 1e-12
-    if not with_proj_bias:
-        assert grads[4].numel() == 0
 
 
 @pytest.mark.parametrize("keep_post", [False, True])
@@ -67,11 +62,13 @@ def test_op_autograd_on_cpu_matches_plain_mlp(keep_post):
     y = mlp_op.fused_mlp(x, *params, torch.float32, keep_post=keep_post)
     y.backward(dy)
     x_ref = h.double().requires_grad_()
-    plain_mlp(x_ref, *ref_params).backward(dy.double())
-    assert y.shape == h.shape and y.dtype == torch.float32
+    y_ref = plain_mlp(x_ref, *ref_params)
+    y_ref.backward(dy.double())
+    assert y.shape == h.shape and y.dtype == torch.float32 and rel_err(y, y_ref) < 1e-5
     assert rel_err(x.grad, x_ref.grad) < 1e-5
-    for p, r in zip(params, ref_params):
+    for p, r in zip(params[:3], ref_params):
         assert p.grad.dtype == torch.float32 and rel_err(p.grad, r.grad) < 1e-5
+    assert params[3].grad is None  # c_proj's bias: a constant here, its gradient add_layernorm's (bias_in_y)
 
 
 def test_the_backward_uses_the_weights_the_forward_cast():
@@ -105,8 +102,7 @@ def test_ops_pass_opcheck():
                               test_utils=OPCHECKS)
         _, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post)
         assert post.shape == ((9, 4 * C) if keep_post else (0,))
-        torch.library.opcheck(mlp_op._mlp_bwd,
-                              (torch.randn(9, C), h, pre, post, w_fc_c, w_proj_c, False, torch.float32),
+        torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, post, w_fc_c, w_proj_c, torch.float32),
                               test_utils=OPCHECKS)
 
 
@@ -125,11 +121,11 @@ def test_gelu_epilogue_on_gpu():
         dy = torch.randn(1000, C, device="cuda", generator=g).bfloat16()
         ref_y, ref_pre, ref_post = mlp_op.mlp_reference_fwd(h.float(), w_fc, b_fc, w_proj, b_proj)
         ref_grads = mlp_op.mlp_reference_bwd(dy.float(), with_ones_column(h, torch.float32), ref_pre, ref_post,
-                                             w_fc, w_proj, True)
+                                             w_fc, w_proj)
         for keep_post in (False, True):  # dgelu rebuilding post, and its variant without postact
             y, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16,
                                                              keep_post)
-            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, True, torch.float32)
+            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, torch.float32)
             assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
             assert post.numel() == 0 or rel_err(post, ref_post) < 1e-2
             for a, b in zip(grads, ref_grads):
@@ -160,7 +156,7 @@ def test_weight_gradients_are_not_rounded_to_the_activation_dtype():
     h, dy = (torch.randn(64, C, generator=g).bfloat16() for _ in range(2))
     h = with_ones_column(h)
     pre = F.linear(h, w_fc.bfloat16())
-    _, dw_fc, _, dw_proj, _ = mlp_op.mlp_reference_bwd(dy, h, pre, pre.new_empty(0), w_fc, w_proj, False)
+    _, dw_fc, _, dw_proj = mlp_op.mlp_reference_bwd(dy, h, pre, pre.new_empty(0), w_fc, w_proj)
     assert dw_fc.dtype == dw_proj.dtype == torch.float32
     for dw in (dw_fc, dw_proj):
         assert not torch.equal(dw, dw.bfloat16().float())  # values finer than bf16 holds
@@ -188,7 +184,8 @@ def test_backward_reads_the_kept_post(keep_post):
     = dyᵀ post comes from it: doubling what was saved doubles dW_proj and nothing else. Without, nothing
     of that size is held and the backward rebuilds post from pre."""
     C, N = 6, 10
-    params = [t.float().requires_grad_() for t in weights(C)]
+    params = [t.float().requires_grad_() for t in weights(C)[:3]]
+    b_proj = weights(C)[3].float()
     g = torch.Generator().manual_seed(4)
     h, dy = (torch.randn(N, C, generator=g) for _ in range(2))
     h = with_ones_column(h)
@@ -200,15 +197,15 @@ def test_backward_reads_the_kept_post(keep_post):
             return saved[i] * 2 if double_post and i == 2 else saved[i]
 
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or len(saved) - 1, unpack):
-            y = mlp_op.fused_mlp(h, *params, torch.float32, keep_post=keep_post)
+            y = mlp_op.fused_mlp(h, *params, b_proj, torch.float32, keep_post=keep_post)
         y.backward(dy)
         out = [p.grad.clone() for p in params]
         for p in params:
             p.grad = None
         return out, [t.shape for t in saved]
 
-    (dw_fc, db_fc, dw_proj, db_proj), shapes = grads(double_post=False)
-    (dw_fc2, db_fc2, dw_proj2, db_proj2), _ = grads(double_post=True)
+    (dw_fc, db_fc, dw_proj), shapes = grads(double_post=False)
+    (dw_fc2, db_fc2, dw_proj2), _ = grads(double_post=True)
     assert shapes[2] == ((N, 4 * C) if keep_post else (0,))
-    assert torch.equal(dw_fc2, dw_fc) and torch.equal(db_fc2, db_fc) and torch.equal(db_proj2, db_proj)
+    assert torch.equal(dw_fc2, dw_fc) and torch.equal(db_fc2, db_fc)
     assert torch.allclose(dw_proj2, 2 * dw_proj if keep_post else dw_proj)
