@@ -297,8 +297,9 @@ def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[Kern
 
 
 def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
-    """The MLP branch forward + backward (without c_proj's bias, as the fused path runs it), bf16:
-    torch.compile of the plain ops against kernels.fused_mlp with quack's GELU epilogues, where installed."""
+    """The MLP branch forward + backward as the fused path runs it (c_proj's bias added in its GEMM, its gradient
+    left to add_layernorm), bf16: torch.compile of the plain ops against kernels.fused_mlp with quack's GELU
+    epilogues, where installed."""
     import kernels.mlp as mlp
 
     C = cfg.n_embd
@@ -308,12 +309,13 @@ def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     dy = torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g)
     w_fc, b_fc, w_proj = ((0.02 * torch.randn(*s, device="cuda", generator=g)).requires_grad_()  # leaves
                           for s in ((4 * C, C), (4 * C,), (C, 4 * C)))
+    b_proj = 0.02 * torch.randn(C, device="cuda", generator=g)  # a constant: no gradient here
     floor = _floor_ms(3 * 2 * 2 * N * C * 4 * C, 0, ceil)  # two matmuls, forward and two backward each
 
     @torch.compile
     def plain(h):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            return F.linear(F.gelu(F.linear(h, w_fc, b_fc), approximate="tanh"), w_proj)
+            return F.linear(F.gelu(F.linear(h, w_fc, b_fc), approximate="tanh"), w_proj, b_proj)
 
     def step(branch):
         def run():
@@ -324,7 +326,7 @@ def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     rows = [KernelTiming("MLP branch fwd+bwd", "torch.compile (GELU passes by Inductor)", *timed(step(plain)), floor)]
     try:
         if mlp.configure_mlp(torch.bfloat16, "cuda", n_embd=C) == "quack-gelu-epilogue":
-            fused = step(lambda h: mlp.fused_mlp(h, w_fc, b_fc, w_proj, None, torch.bfloat16))
+            fused = step(lambda h: mlp.fused_mlp(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16))
             rows.append(KernelTiming("MLP branch fwd+bwd", "fused_mlp (quack GELU epilogues)", *timed(fused), floor))
     finally:
         mlp._gelu_epilogue_on_cuda = False
