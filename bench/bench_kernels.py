@@ -251,7 +251,7 @@ def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[Ker
     rows = []
     for config in _BWD_CONFIGS:
         def run(config=config):
-            add_layernorm_backward(z, w, mean, rstd, dout, dres, torch.bfloat16, torch.bfloat16, has_y_bias=True,
+            add_layernorm_backward(z, w, mean, rstd, dout, dres, torch.bfloat16, torch.bfloat16, has_bias_in_y=True,
                                    config=config)
         impl = f"{config['BLOCK_R']} rows/iteration, {config['num_warps']} warps"
         rows.append(KernelTiming("add+layernorm bwd kernel", impl, *timed(run), floor))

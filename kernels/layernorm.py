@@ -106,13 +106,13 @@ def _add_layernorm_bwd_kernel(
     z_ptr, w_ptr, mean_ptr, rstd_ptr,  # saved by forward: the residual (N, C) in any dtype, w (C,), (N,)
     dout_ptr, dres_ptr,  # incoming gradients of out and of residual (N, C)
     dx_ptr, dy_ptr,  # d(residual) (N, C) in x's dtype, and (WRITE_DY) again in y's
-    partial_ptr,  # (2 + HAS_Y_BIAS, n_programs, C) fp32: per-program sums of the weight, bias, bias_in_y gradients
+    partial_ptr,  # (2 + HAS_BIAS_IN_Y, n_programs, C) fp32: per-program sums of the weight, bias, bias_in_y gradients
     n_rows,
     C: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     HAS_DRES: tl.constexpr,
     WRITE_DY: tl.constexpr,
-    HAS_Y_BIAS: tl.constexpr,
+    HAS_BIAS_IN_Y: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rows per iteration: more bytes in flight per program
     BLOCK_C: tl.constexpr,
 ):
@@ -123,7 +123,7 @@ def _add_layernorm_bwd_kernel(
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]  # (1, BLOCK_C)
     dw = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     db = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    dyb = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    dbias_in_y = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
     # Each iteration's loads are issued one iteration ahead (software prefetch): with one warp a program and a
     # few programs an SM, a warp would otherwise have nothing in flight while it reduces and stores its rows
     # (d12, H100: 170 -> 151 us, the same sums in the same order)
@@ -151,13 +151,13 @@ def _add_layernorm_bwd_kernel(
             tl.store(dy_ptr + offs, dz.to(dy_ptr.dtype.element_ty), mask=mask)
         dw += dout * xhat
         db += dout
-        if HAS_Y_BIAS:
-            dyb += dz  # bias_in_y is in every row of y: its gradient is d(residual)'s column sum
+        if HAS_BIAS_IN_Y:
+            dbias_in_y += dz  # bias_in_y is in every row of y: its gradient is d(residual)'s column sum
     n_programs = tl.num_programs(0)
     tl.store(partial_ptr + pid * C + cols, tl.sum(dw, axis=0), mask=col_mask)
     tl.store(partial_ptr + (n_programs + pid) * C + cols, tl.sum(db, axis=0), mask=col_mask)
-    if HAS_Y_BIAS:
-        tl.store(partial_ptr + (2 * n_programs + pid) * C + cols, tl.sum(dyb, axis=0), mask=col_mask)
+    if HAS_BIAS_IN_Y:
+        tl.store(partial_ptr + (2 * n_programs + pid) * C + cols, tl.sum(dbias_in_y, axis=0), mask=col_mask)
 
 
 # Backward launch shapes the tests and bench_kernels.py's sweep run. At d12's training shapes on an H100
@@ -275,11 +275,11 @@ def _add_layernorm_bwd(
     dres: torch.Tensor | None,
     x_dtype: torch.dtype,
     y_dtype: torch.dtype | None,  # None: forward had no y
-    has_y_bias: bool,
+    has_bias_in_y: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (dx in x_dtype, dy in y_dtype or empty (see `_writes_dy`), the gradients of weight, bias
-    and (has_y_bias) the bias in y stacked (2 or 3, C) in weight's dtype)."""
-    return add_layernorm_backward(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias)
+    and (has_bias_in_y) the bias in y stacked (2 or 3, C) in weight's dtype)."""
+    return add_layernorm_backward(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_bias_in_y)
 
 
 def add_layernorm_backward(
@@ -291,7 +291,7 @@ def add_layernorm_backward(
     dres: torch.Tensor | None,
     x_dtype: torch.dtype,
     y_dtype: torch.dtype | None,
-    has_y_bias: bool = False,
+    has_bias_in_y: bool = False,
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The backward op's launcher; `config` (e.g. one of _BWD_CONFIGS) overrides the launch shape
@@ -305,26 +305,26 @@ def add_layernorm_backward(
             [True, True, True])
         if dres is not None:
             dz = dz + dres.float()
-        dparams = [dw, db] + ([dz.sum(0)] if has_y_bias else [])
+        dparams = [dw, db] + ([dz.sum(0)] if has_bias_in_y else [])
         # copies: a custom op's outputs may not alias each other (or its inputs) even when dtypes agree
         dy = dz.to(y_dtype, copy=True) if write_dy else z.new_empty(0)
         return dz.to(x_dtype, copy=True), dy, torch.stack(dparams).to(weight.dtype)
     n_programs, rows_per_program = _bwd_grid(N, z.device)
     dx = torch.empty(N, C, dtype=x_dtype, device=z.device)
     dy = torch.empty(N, C, dtype=y_dtype, device=z.device) if write_dy else dx.new_empty(0)
-    partial = torch.empty(2 + has_y_bias, n_programs, C, dtype=torch.float32, device=z.device)
+    partial = torch.empty(2 + has_bias_in_y, n_programs, C, dtype=torch.float32, device=z.device)
     args = (z, weight, mean, rstd, dout, dres if dres is not None else dout, dx, dy if write_dy else dx, partial, N)
     meta = dict(C=C, ROWS_PER_PROGRAM=rows_per_program, HAS_DRES=dres is not None, WRITE_DY=write_dy,
-                HAS_Y_BIAS=has_y_bias, BLOCK_C=next_power_of_2(C))
+                HAS_BIAS_IN_Y=has_bias_in_y, BLOCK_C=next_power_of_2(C))
     _add_layernorm_bwd_kernel[(n_programs,)](*args, **meta, **(config or bwd_launch_shape(C)))
     return dx, dy, partial.sum(1).to(weight.dtype)  # one reduction for all
 
 
 @_add_layernorm_bwd.register_fake
-def _(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_y_bias):
+def _(z, weight, mean, rstd, dout, dres, x_dtype, y_dtype, has_bias_in_y):
     N, C = z.shape
     dy = z.new_empty(N, C, dtype=y_dtype) if _writes_dy(x_dtype, y_dtype) else z.new_empty(0)
-    return z.new_empty(N, C, dtype=x_dtype), dy, weight.new_empty(2 + has_y_bias, C)
+    return z.new_empty(N, C, dtype=x_dtype), dy, weight.new_empty(2 + has_bias_in_y, C)
 
 
 def _setup_context(ctx, inputs, output):
@@ -334,20 +334,20 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(copy if _writes_copy(x.dtype, out_dtype) else residual, weight, mean, rstd)
     ctx.x_dtype = x.dtype
     ctx.y_dtype = y.dtype if y is not None else None
-    ctx.y_bias_dtype = bias_in_y.dtype if bias_in_y is not None else None
+    ctx.bias_in_y_dtype = bias_in_y.dtype if bias_in_y is not None else None
     ctx.mark_non_differentiable(copy, mean, rstd)
 
 
 def _backward(ctx, dres, dout, _dcopy, _dmean, _drstd):
     z, weight, mean, rstd = ctx.saved_tensors
-    has_y_bias = ctx.y_bias_dtype is not None
-    dx, dy, dparams = _add_layernorm_bwd(z, weight, mean, rstd, dout, dres, ctx.x_dtype, ctx.y_dtype, has_y_bias)
+    has_bias_in_y = ctx.bias_in_y_dtype is not None
+    dx, dy, dparams = _add_layernorm_bwd(z, weight, mean, rstd, dout, dres, ctx.x_dtype, ctx.y_dtype, has_bias_in_y)
     if ctx.y_dtype is None:
         dy = None
     elif not _writes_dy(ctx.x_dtype, ctx.y_dtype):
         dy = dx  # d(x + y) is one tensor for both (autograd formulas, unlike ops, may return it twice)
-    dy_bias = dparams[2].to(ctx.y_bias_dtype) if has_y_bias else None
-    return dx, dy, dy_bias, dparams[0], dparams[1], None, None, None
+    d_bias_in_y = dparams[2].to(ctx.bias_in_y_dtype) if has_bias_in_y else None
+    return dx, dy, d_bias_in_y, dparams[0], dparams[1], None, None, None
 
 
 _add_layernorm_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -203,7 +203,7 @@ def test_every_swept_backward_launch_shape_matches_reference(config, y_dtype):
 
     dx, dy, dparams = add_layernorm_backward(
         z.float().to(DEVICE), w.float().to(DEVICE), mean.float().to(DEVICE), rstd.float().to(DEVICE),
-        d_out.to(DEVICE), d_res.to(DEVICE), F32, y_dtype, has_y_bias=True, config=config)
+        d_out.to(DEVICE), d_res.to(DEVICE), F32, y_dtype, has_bias_in_y=True, config=config)
     dx, dy, dparams = dx.cpu(), dy.cpu(), dparams.cpu()
 
     rz, rw, rb = (t.clone().requires_grad_() for t in (z, w, b))
