@@ -14,7 +14,7 @@ ours reads too), and uses llm.c's flags for its 1.5B run: no recompute (`-r 0`),
 validation loss only at the first and last step (outside its timed section). Several GPUs: one process a GPU,
 NCCL set up through a shared folder (`-pi fs`). Prints the median of its step times (ms, llm.c's own CUDA-event
 timing of forward, backward and update) over steps --skip.., its tokens/s, and the peak memory nvidia-smi saw on
-the first GPU, and writes them to --out as JSON.
+the GPUs it ran on (the highest of them), and writes them to --out as JSON.
 
     python -m bench.peer_llmc --source path/to/llm.c --model d48 --batch-size 16 --total-batch-size 131072 \
         --train-data 'shards/*_train_*.bin' --val-data 'shards/*_val_*.bin' --steps 20 --skip 5 [--nproc 4]
@@ -100,7 +100,7 @@ def llmc_flags(args: argparse.Namespace, rank: int, nccl_dir: str) -> list[str]:
 
 def run(binary: Path, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as nccl_dir:
-        memory = GpuMemoryPeak()
+        memory = GpuMemoryPeak(args.nproc)
         procs = [subprocess.Popen([str(binary), *llmc_flags(args, rank, nccl_dir)],
                                   env={**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get(
                                       "CUDA_VISIBLE_DEVICES", ",".join(map(str, range(args.nproc))))},

@@ -15,8 +15,8 @@ Its data loader reads `edu_fineweb10B/*.npy`; random uint16 tokens are written t
 d12, B=64, T=1024, 524,288 tokens (grad accumulation 8 on one GPU), bf16 autocast, TF32 'high',
 fused AdamW, clip 1.0, default SDPA dispatch. With --nproc N it runs under torchrun, one process a GPU, as
 its README says (DDP; the same 524,288 tokens a step, grad accumulation 8/N). Prints the median of its own
-tok/sec (all GPUs together) over steps --skip.. and the peak GPU memory nvidia-smi saw on the first GPU,
-and writes them to --out as JSON.
+tok/sec (all GPUs together) over steps --skip.. and the peak GPU memory nvidia-smi saw on the GPUs it ran on
+(the highest of them), and writes them to --out as JSON.
 
     python -m bench.peer_nanogpt --source ../.perf-peer --steps 30 --skip 10 [--nproc 4]
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -63,13 +64,24 @@ def write_shards(workdir: Path, steps: int) -> None:
     np.save(data / "edufineweb_train_000001.npy", rng.integers(0, 50257, (steps + 1) * 524288 + 1, dtype=np.uint16))
 
 
-class GpuMemoryPeak:
-    """Highest memory.used nvidia-smi reports (MiB) while the peer runs, sampled every 200 ms."""
+def visible_gpu_ids(n: int) -> list[str]:
+    """nvidia-smi's ids of the first `n` GPUs CUDA shows this process: CUDA_VISIBLE_DEVICES' entries (indices or
+    UUIDs, which nvidia-smi's -i takes too), or 0..n-1 when it is unset. On a host of one GPU model CUDA's
+    numbering is nvidia-smi's (PCI bus order)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(n)]
+    return ids[:n]
 
-    def __init__(self):
+
+class GpuMemoryPeak:
+    """Highest memory.used nvidia-smi reports (MiB) while the peer runs on its first `n` visible GPUs, over
+    those GPUs, sampled every 200 ms."""
+
+    def __init__(self, n: int = 1):
         self.peak_mib = 0
         self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                      "-lms", "200", "-i", "0"], stdout=subprocess.PIPE, text=True)
+                                      "-lms", "200", "-i", ",".join(visible_gpu_ids(n))],
+                                     stdout=subprocess.PIPE, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -99,7 +111,7 @@ def main() -> None:
         workdir = Path(tmp)
         (workdir / "train_gpt2.py").write_text(script)
         write_shards(workdir, args.steps)
-        memory = GpuMemoryPeak()
+        memory = GpuMemoryPeak(args.nproc)
         launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}"]
         proc = subprocess.Popen([args.python, *(launcher if args.nproc > 1 else []), "train_gpt2.py"], cwd=workdir,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

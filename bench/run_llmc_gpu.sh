@@ -3,7 +3,7 @@
 # (built from LLMC's source with its Makefile, bench/peer_llmc.py) at the same micro-batch, tokens a step and
 # steps, first on 1 GPU, then on all visible GPUs (when there are more than one), on synthetic random-token
 # shards in llm.c's format. Prints per size and GPU count the median step time, tokens/s, peak memory (PyTorch's
-# and nvidia-smi's, first GPU), ours / llm.c, and each trainer's scaling from 1 to N GPUs (tokens/s on N over
+# and nvidia-smi's, the highest over the GPUs the run used), ours / llm.c, and each trainer's scaling from 1 to N GPUs (tokens/s on N over
 # N times that on 1); writes them to $OUT/summary.json.
 #
 #   LLMC=path/to/llm.c MODELS="d12 d24 d48" bench/run_llmc_gpu.sh [extra gpt2.train flags]
@@ -43,6 +43,7 @@ if [[ "$NGPU" -lt 1 ]]; then echo "no CUDA GPU visible; this benchmark needs one
 # assignment would end the script on a 1-GPU host)
 if [[ -z "${GPUS:-}" ]]; then GPUS=1; if (( NGPU > 1 )); then GPUS="1 $NGPU"; fi; fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+source bench/smi_ids.sh  # smi_ids N: the GPUs a run on N GPUs uses, as nvidia-smi's -i names them
 
 max_tokens=0
 for model in $MODELS; do read -r _ tokens _ <<<"$(sizes "$model")"; (( tokens > max_tokens )) && max_tokens=$tokens; done
@@ -80,7 +81,7 @@ ours() {  # ours MODEL B TOKENS NPROC MLP-BUDGET-GB [gpt2.train flags]
     echo "=== gpt2.train $model on $nproc GPU(s) -> $dir"
     local entry=gpt2.train
     [[ "${MEMORY_REPORT:-0}" == 1 ]] && entry=bench.train_memory
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 -i 0 >"$dir.smi.txt" &
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 -i "$(smi_ids "$nproc")" >"$dir.smi.txt" &
     local smi=$!
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m "$entry" \
         --model "$model" --batch-size "$batch" --seq-len 1024 --total-batch-size "$tokens" --max-steps "$STEPS" \

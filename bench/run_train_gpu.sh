@@ -2,7 +2,7 @@
 # Training throughput of the real training program (python -m gpt2.train) on this host's GPUs:
 # d12, B=64, T=1024, total batch 524,288 tokens, on synthetic random-token shards; first on 1 GPU,
 # then on all visible GPUs (when there are more than one). Prints tokens/s, MFU, peak memory (PyTorch's
-# and nvidia-smi's, first GPU) per run, and the multi-GPU scaling, from each run's metrics.jsonl; with
+# and nvidia-smi's, the highest over the GPUs the run used) per run, and the multi-GPU scaling, from each run's metrics.jsonl; with
 # PEER, the same for build-nanogpt's train_gpt2.py on 1 and on all GPUs (under torchrun) in the same call,
 # its scaling, and ours against it per GPU. Writes them to $OUT/summary.json.
 #
@@ -43,6 +43,7 @@ if [[ "$NGPU" -lt 1 ]]; then
     exit 1
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+source bench/smi_ids.sh  # smi_ids N: the GPUs a run on N GPUs uses, as nvidia-smi's -i names them
 
 # synthetic shards: enough train tokens for STEPS steps without wrapping, one val shard
 "$PYTHON" - "$OUT/shards" "$STEPS" <<'EOF'
@@ -68,7 +69,8 @@ run() {  # run NPROC: one training run of STEPS steps on NPROC GPUs, nvidia-smi 
     echo "=== d12 on $nproc GPU(s) -> $dir"
     local flags
     read -ra flags <<<"$(train_flags "$dir")"
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 -i 0 >"$OUT/smi_${nproc}gpu.txt" &
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 -i "$(smi_ids "$nproc")" \
+        >"$OUT/smi_${nproc}gpu.txt" &
     local smi=$!
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m gpt2.train \
         "${flags[@]}" "${@:2}" 2>&1 | tee "$OUT/log_${nproc}gpu.txt"

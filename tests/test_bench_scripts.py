@@ -203,12 +203,23 @@ exec {sys.executable} "$@"
 """
 
 
-def run_llmc_gpu(tmp_path: Path, gpus: int, **env: str) -> subprocess.CompletedProcess:
+SMI_61000 = "#!/usr/bin/env bash\n[[ \"$*\" == *memory.used* ]] && echo 61000; true\n"
+# nvidia-smi on a host whose GPU 2 reads 30,000 MiB, GPU 3 31,000 and the others 61,000; each call's -i recorded
+SMI_PER_GPU = """#!/usr/bin/env bash
+[[ "$*" == *memory.used* ]] || exit 0
+while [ $# -gt 0 ]; do [ "$1" = -i ] && ids=$2; shift; done
+echo "$ids" >> "$SMI_RECORD"
+IFS=, read -ra list <<<"$ids"
+for id in "${list[@]}"; do case $id in 2) echo 30000 ;; 3) echo 31000 ;; *) echo 61000 ;; esac; done
+"""
+
+
+def run_llmc_gpu(tmp_path: Path, gpus: int, smi: str = SMI_61000, **env: str) -> subprocess.CompletedProcess:
     """bench/run_llmc_gpu.sh at d48 on a stand-in host of `gpus` GPUs (LLMC set: both trainers)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(STUB_LLMC_HOST)
-    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\n[[ \"$*\" == *memory.used* ]] && echo 61000; true\n")
+    (bin_dir / "nvidia-smi").write_text(smi)
     for stub in bin_dir.iterdir():
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": str(bin_dir / "python"),
@@ -239,6 +250,38 @@ def test_run_llmc_gpu_runs_on_one_gpu_without_gpus_set(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "gpt2.train / llm.c, d48 on 1 GPU(s): 1.077x" in result.stdout, result.stdout
     assert "scaling" not in result.stdout
+
+
+def test_run_llmc_gpu_reads_the_memory_of_the_gpus_the_run_used(tmp_path):
+    """Ours on GPU 2 alone (CUDA_VISIBLE_DEVICES=2,3) gets GPU 2's nvidia-smi peak, not GPU 0's; on both, the
+    higher of GPUs 2 and 3 (the script once read GPU 0 whatever GPU the run had)."""
+    record = tmp_path / "smi_ids"
+    result = run_llmc_gpu(tmp_path, 2, smi=SMI_PER_GPU, GPUS="1 2", CUDA_VISIBLE_DEVICES="2,3",
+                          SMI_RECORD=str(record))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert record.read_text().split() == ["2", "2,3"]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    ours = {r["gpus"]: r["nvidia_smi_peak_mib"] for r in summary["runs"] if r["trainer"] == "gpt2.train"}
+    assert ours == {1: 30000, 2: 31000}
+
+
+def test_run_train_gpu_reads_the_memory_of_the_gpu_the_run_used(tmp_path):
+    record = tmp_path / "smi_ids"
+    result = run_train_gpu(tmp_path, STUB_TRAINERS.replace("echo 4; exit 0", "echo 1; exit 0"), SMI_PER_GPU,
+                           CUDA_VISIBLE_DEVICES="3", SMI_RECORD=str(record), STEPS="12", SKIP="2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert record.read_text().split() == ["3"]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [r["nvidia_smi_peak_mib"] for r in summary["runs"]] == [31000]
+
+
+def test_peers_read_the_gpus_cuda_shows_them(monkeypatch):
+    from bench.peer_nanogpt import visible_gpu_ids
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpu_ids(2) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,GPU-abc, 1")
+    assert visible_gpu_ids(1) == ["3"] and visible_gpu_ids(3) == ["3", "GPU-abc", "1"]
 
 
 def test_peer_llmc_builds_without_data_and_refuses_a_run_without_it(tmp_path):
