@@ -14,7 +14,7 @@
 # Environment: LLMC (llm.c's source; unset: ours alone), MODELS (default d12), GPUS ("1 N" by default: 1 and all
 # visible), STEPS (default 20), SKIP (untimed first steps, default 6), TRAINERS (default "llmc ours"),
 # MEMORY_REPORT=1 (ours through bench.train_memory: the allocator's pools at the points where the peak forms,
-# in ours' log), OUT (default artifacts/bench/llmc), SHARDS (the shards' folder, default $OUT/shards), PYTHON (default .venv/bin/python if present, else python3).
+# in ours' log, and the accounting in run_<model>_<n>gpu.memory.json), OUT (default artifacts/bench/llmc), SHARDS (the shards' folder, default $OUT/shards), PYTHON (default .venv/bin/python if present, else python3).
 # Results already in $OUT (llmc_<model>_<n>gpu.json, run_<model>_<n>gpu/) from an earlier command are read too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -80,7 +80,7 @@ ours() {  # ours MODEL B TOKENS NPROC MLP-BUDGET-GB [gpt2.train flags]
     rm -rf "$dir"
     echo "=== gpt2.train $model on $nproc GPU(s) -> $dir"
     local entry=gpt2.train
-    [[ "${MEMORY_REPORT:-0}" == 1 ]] && entry=bench.train_memory
+    if [[ "${MEMORY_REPORT:-0}" == 1 ]]; then entry=bench.train_memory; export MEMORY_JSON="$dir.memory.json"; fi
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 -i "$(smi_ids "$nproc")" >"$dir.smi.txt" &
     local smi=$!
     "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$nproc" -m "$entry" \
@@ -130,6 +130,10 @@ for run_dir in sorted(out.glob("run_*_*gpu")):
                  "step_ms": ms, "tokens_per_s": settings["total_batch_size"] / ms * 1e3,
                  "torch_peak_gib": max(r.get("peak_mem_gb", 0.0) for r in steps),
                  "nvidia_smi_peak_mib": max(readings, default=None), "timed_steps": len(steps)})
+    if (accounting := Path(f"{run_dir}.memory.json")).exists():  # MEMORY_REPORT=1: the allocator's own peaks
+        m = json.loads(accounting.read_text())
+        rows[-1].update(torch_allocated_peak_mib=m["allocated_peak"] / 2**20,
+                        torch_reserved_peak_mib=m["reserved_peak"] / 2**20)
 for path in sorted(out.glob("llmc_*_*gpu.json")):
     p = json.loads(path.read_text())
     rows.append({"trainer": "llm.c", "model": p["model"], "gpus": p["gpus"], "step_ms": p["step_ms"],
