@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from kernels.stochastic_round import stochastic_round
+from kernels.stochastic_round import RoundInto, stochastic_round
 
 
 def configure_optimizer(
@@ -63,15 +63,16 @@ class MasterWeightAdamW(torch.optim.AdamW):
     The masters are views into one flat float32 buffer, made from the parameters at the first step (llm.c
     copies them too) or from the masters of a loaded state, and are `state[p]["master"]`, so they are in
     `state_dict` and checkpoints (whose state is torch's fused AdamW's: step, exp_avg, exp_avg_sq). A step is
-    torch's fused AdamW kernel applied to the masters directly, then the buffer rounded in one kernel
-    (kernels/stochastic_round.py) and copied into the parameters, which are written in place, never rebound,
-    so captured graphs keep their addresses. Little Python runs per step: on a GPU the update is a few
+    torch's fused AdamW kernel applied to the masters directly, then the buffer rounded (kernels/stochastic_round.py)
+    into the parameters, which are written in place, never rebound, so captured graphs keep their addresses: on
+    CUDA one launch writes every parameter straight from the buffer; on the CPU pieces of the buffer are rounded
+    and copied. Little Python runs per step: on a GPU the update is a few
     milliseconds, which a per-parameter loop over d12's 150 tensors would exceed. Element i of the buffer
     rounds at step s with the random bits of (hash of rounding_seed and s, i), the same on every rank, so
     data-parallel replicas stay equal; under ZeRO-1 each rank rounds the parameters it owns and broadcasts them.
     """
 
-    ROUNDING_PIECE = 2**26  # elements rounded in one launch (256 MB of float32); larger parameters alone
+    ROUNDING_PIECE = 2**26  # CPU: elements rounded at once (256 MB of float32); larger parameters alone
 
     def __init__(self, params, rounding_seed: int = 0, **adamw_kwargs):
         if adamw_kwargs.get("amsgrad") or adamw_kwargs.get("maximize"):
@@ -86,6 +87,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
         self._views: dict[torch.Tensor, torch.Tensor] = {}  # a parameter's master, a view into _flat_masters
         self._offsets: dict[torch.Tensor, int] = {}  # a parameter's first element in _flat_masters
         self._rows: dict[torch.Tensor, torch.Tensor] = {}  # a parameter as one row, the rounding's destination
+        self._plan: RoundInto | None = None  # on CUDA: where the rounding writes each parameter
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -145,6 +147,9 @@ class MasterWeightAdamW(torch.optim.AdamW):
             g["rounding_step"] = step + 1
         # hashed to 32 bits (the kernel's Philox key)
         seed = int(np.random.SeedSequence([group["rounding_seed"], step]).generate_state(1)[0])
+        if self._flat_masters.is_cuda:  # straight into the parameters, one launch, no rounded copy in between
+            self._rounding_plan(params)(seed)
+            return
         # in pieces of whole parameters, each rounded at its offset (the same bits as one launch): the rounded copy
         # is one piece, not the whole buffer (at 1.5B parameters that was 6.2 GB held on top of the state)
         for start, run in _contiguous_runs(params, self._offsets, self.ROUNDING_PIECE):
@@ -153,6 +158,15 @@ class MasterWeightAdamW(torch.optim.AdamW):
             rounded = stochastic_round(self._flat_masters[start:start + sum(sizes)], seed, start)
             torch._foreach_copy_(rows, rounded.split(sizes))
             del rounded  # freed before the next piece is made: the allocator then keeps one piece cached, not two
+
+    def _rounding_plan(self, params: list[torch.Tensor]) -> RoundInto:
+        """The CUDA rounding's table for these parameters (made again when the set of parameters with a gradient,
+        their places or the masters' buffer change)."""
+        rows, starts = [self._rows[p] for p in params], [self._offsets[p] for p in params]
+        if self._plan is None or not self._plan.matches(self._flat_masters, rows, starts):
+            self._plan = None  # the old table freed before the new one is made
+            self._plan = RoundInto(self._flat_masters, rows, starts)
+        return self._plan
 
     @torch.no_grad()
     def allocate_state(self) -> None:
@@ -163,6 +177,8 @@ class MasterWeightAdamW(torch.optim.AdamW):
         for group in self.param_groups:
             for p in group["params"]:
                 self._state(p, masters[p])
+        if self._flat_masters.is_cuda:  # the rounding's table too, for the parameters a step updates
+            self._rounding_plan([p for group in self.param_groups for p in group["params"] if p.requires_grad])
 
 
 def _contiguous_runs(params: list[torch.Tensor], offsets: dict[torch.Tensor, int],

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.stochastic_round import (
-    BLOCK, _random16_triton, _round_triton, random16, stochastic_round, stochastic_round_bf16,
+    BLOCK, RoundInto, _random16_triton, _round_triton, random16, stochastic_round, stochastic_round_bf16,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,6 +39,35 @@ def test_pieces_at_their_offsets_equal_the_whole(start):
     pieces = torch.cat([_round_triton(x[:cut].contiguous(), 7, start),
                         _round_triton(x[cut:].contiguous(), 7, start + cut)])
     assert torch.equal(whole, pieces)
+
+
+@pytest.mark.parametrize("offset", [0, (1 << 32) - BLOCK])  # keys that cross 2**32 among them
+def test_round_into_gives_each_destination_its_slice_of_the_whole(offset):
+    """The optimizer's rounding straight into the parameters: each destination gets the bits of its slice of one
+    launch over the whole buffer; destinations of any size (one element, not a multiple of the block), a slice
+    that no destination takes (a parameter without a gradient), every element written (poisoned before)."""
+    sizes, skipped = [1, BLOCK + 5, 7, 2 * BLOCK - 200, 64, 3], 4
+    x = _masters(sum(sizes))
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    dests = [torch.full((n,), float("nan"), device=DEVICE) for k, n in enumerate(sizes) if k != skipped]
+    dest_starts = [s for k, s in enumerate(starts) if k != skipped]
+    plan = RoundInto(x, dests, dest_starts)
+    plan(99, offset)
+    whole = _round_triton(x, 99, offset)
+    for dest, start in zip(dests, dest_starts):
+        assert torch.equal(dest, whole[start:start + dest.numel()])
+    assert plan.matches(x, dests, dest_starts) and not plan.matches(x, dests[:-1], dest_starts[:-1])
+    assert not plan.matches(x, [torch.empty_like(d) for d in dests], dest_starts)  # other places: a new table
+
+
+def test_round_into_refuses_what_it_cannot_write():
+    x = torch.zeros(10)
+    with pytest.raises(ValueError, match="lies outside"):
+        RoundInto(x, [torch.zeros(4)], [8])
+    with pytest.raises(ValueError, match="contiguous float32"):
+        RoundInto(x, [torch.zeros(4, dtype=torch.bfloat16)], [0])
+    with pytest.raises(ValueError, match="contiguous float32"):
+        RoundInto(x, [torch.zeros(4, 2).t()], [0])
 
 
 def test_bits_are_uniform_and_keyed_by_seed_and_index():

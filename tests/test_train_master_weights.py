@@ -185,6 +185,46 @@ def test_rounding_in_pieces_gives_the_bits_of_one_launch(piece):
         assert torch.equal(a, b)
 
 
+@pytest.mark.gpu
+def test_on_cuda_the_rounding_writes_the_parameters_straight_from_the_masters():
+    """On CUDA one launch rounds the masters into the parameters (kernels.stochastic_round.RoundInto): each
+    parameter holds its slice of one launch over the whole buffer, bit for bit, also when a parameter has no
+    gradient; a step after the first allocates no rounded copy (the piece the CPU path makes, 4 bytes an element
+    of its largest parameter), only the table made again for the parameters updated."""
+    import numpy as np
+
+    from kernels.stochastic_round import _round_triton
+
+    model = _model().cuda()
+    params = list(model.parameters())
+    optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, master_weights=True, seed=7)
+    optimizer.allocate_state()
+    for step in range(3):
+        for p, g in zip(params, _grads_of(model, step)):
+            p.grad = g.cuda()
+        if step == 2:
+            params[2].grad = None
+            kept = params[2].detach().clone()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        optimizer.step()
+        torch.cuda.synchronize()
+        if step == 1:  # the table was made by allocate_state: nothing but AdamW's own few bytes
+            assert torch.cuda.max_memory_allocated() - before < 4 * params[0].numel()
+        seed = int(np.random.SeedSequence([7, step]).generate_state(1)[0])
+        whole = _round_triton(optimizer._flat_masters, seed, 0)
+        offsets = optimizer._offsets
+        for i, p in enumerate(params):
+            expected = kept if (step == 2 and i == 2) else whole[offsets[p]:offsets[p] + p.numel()].view_as(p)
+            assert torch.equal(p.detach(), expected), (step, i)
+
+
+def _grads_of(model: torch.nn.Module, step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    return [torch.randn(p.shape, generator=g) for p in model.parameters()]
+
+
 def test_pieces_cover_every_parameter_once_within_the_limit():
     from gpt2.optim import _contiguous_runs
 
