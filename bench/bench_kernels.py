@@ -377,6 +377,54 @@ def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[Kerne
     return rows
 
 
+def bench_linear_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
+    """quack's plain GEMM at each call site of kernels/linear.py and kernels/mlp.py (N tokens, the model's width)
+    at each candidate config, the pinned one marked: the sweep behind those pins (made at d12's shapes) at
+    other widths. One compile a config and epilogue (a few seconds each)."""
+    import kernels.linear as linear
+
+    if linear._load_quack_gemm() is None:
+        return []
+    C = cfg.n_embd
+    g = torch.Generator(device="cuda").manual_seed(6)
+
+    def randn(*shape, scale=1.0):
+        return scale * torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    h, w_attn = randn(N, C), randn(3 * C, C, scale=0.02)
+    w_proj, w_fc = randn(C, C, scale=0.02), randn(4 * C, C, scale=0.02)
+    dqkv, post, dpre, b = randn(N, 3 * C), randn(N, 4 * C), randn(N, 4 * C), randn(4 * C, scale=0.02)
+    w_mlp_proj = randn(C, 4 * C, scale=0.02)
+    sites = (  # name, pinned tile, a, b, bias
+        ("c_attn fwd", linear.C_ATTN_FORWARD, h, w_attn.t(), b[:3 * C]),
+        ("c_attn dX", linear.C_ATTN_INPUT_GRAD, dqkv, w_attn, None),
+        ("attn c_proj fwd", linear.ATTN_PROJ, h, w_proj.t(), b[:C]),
+        ("attn c_proj dX", linear.ATTN_PROJ, h, w_proj, None),
+        ("MLP c_proj fwd", linear.MLP_PROJ_FORWARD, post, w_mlp_proj.t(), b[:C]),
+        ("MLP c_fc dX", linear.MLP_FC_INPUT_GRAD, dpre, w_fc, None),
+    )
+    rows = []
+    for tile_m, tile_n, pingpong in QUACK_SM90_TILES:
+        for cluster_m, cluster_n in ((2, 1), (1, 2)):
+            tile = dict(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=cluster_m, cluster_n=cluster_n)
+            name = f"{tile_m}x{tile_n} {'ping-pong' if pingpong else 'cooperative'}, cluster {cluster_m}x{cluster_n}"
+            for op, pinned, a, w, bias in sites:
+                floor = _floor_ms(2 * a.size(0) * a.size(1) * w.size(1), 0, ceil)
+                try:
+                    rows.append(KernelTiming(f"{op} ({a.size(0)}x{a.size(1)} @ {w.size(0)}x{w.size(1)})",
+                                             name + (" (pinned)" if tile == linear.tile_for(pinned, C) else ""),
+                                             *timed(lambda a=a, w=w, bias=bias, tile=tile:
+                                                    linear._quack_matmul(a, w, bias, tile)), floor))
+                except Exception as e:  # noqa: BLE001 - some tile shapes do not fit; the sweep goes on
+                    print(f"{op}, {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    for op, pinned, a, w, bias in sites:  # cuBLAS at each site, for scale
+        rows.append(KernelTiming(f"{op} ({a.size(0)}x{a.size(1)} @ {w.size(0)}x{w.size(1)})", "cuBLAS (torch)",
+                                 *timed(lambda a=a, w=w, bias=bias:
+                                        torch.addmm(bias, a, w) if bias is not None else a @ w),
+                                 _floor_ms(2 * a.size(0) * a.size(1) * w.size(1), 0, ceil)))
+    return rows
+
+
 def bench_adamw(cfg: GPTConfig, ceil: Ceilings) -> list[KernelTiming]:
     """One AdamW step over the model's parameters: torch's fused (one kernel) vs foreach."""
     from gpt2.model import GPT
@@ -394,13 +442,21 @@ def bench_adamw(cfg: GPTConfig, ceil: Ceilings) -> list[KernelTiming]:
     return rows
 
 
-def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...]) -> tuple[Ceilings, list[KernelTiming]]:
+BENCHES = ("classifier", "classifier-gemm", "add-layernorm", "attention", "mlp", "mlp-gemm", "linear-gemm", "adamw")
+
+
+def run_all(cfg: GPTConfig, B: int, T: int, chunk_rows: tuple[int, ...],
+            only: tuple[str, ...] = BENCHES) -> tuple[Ceilings, list[KernelTiming]]:
     ceil = measure_ceilings()
     rows = []
-    for bench in (lambda: bench_classifier(cfg, B * T, ceil, chunk_rows),
-                  lambda: bench_classifier_gemm_configs(cfg, chunk_rows[0], ceil), lambda: bench_add_layernorm(cfg, B * T, ceil),
-                  lambda: bench_attention(cfg, B, T, ceil), lambda: bench_mlp(cfg, B * T, ceil),
-                  lambda: bench_mlp_gemm_configs(cfg, B * T, ceil), lambda: bench_adamw(cfg, ceil)):
+    benches = {"classifier": lambda: bench_classifier(cfg, B * T, ceil, chunk_rows),
+               "classifier-gemm": lambda: bench_classifier_gemm_configs(cfg, chunk_rows[0], ceil),
+               "add-layernorm": lambda: bench_add_layernorm(cfg, B * T, ceil),
+               "attention": lambda: bench_attention(cfg, B, T, ceil), "mlp": lambda: bench_mlp(cfg, B * T, ceil),
+               "mlp-gemm": lambda: bench_mlp_gemm_configs(cfg, B * T, ceil),
+               "linear-gemm": lambda: bench_linear_gemm_configs(cfg, B * T, ceil),
+               "adamw": lambda: bench_adamw(cfg, ceil)}
+    for bench in (benches[name] for name in only):
         try:
             rows += bench()
         except Exception:  # noqa: BLE001 - one op's failure must not cost the other rows of a scarce GPU run
@@ -426,10 +482,13 @@ def main() -> None:
     parser.add_argument("--chunk-rows", type=int, nargs="+", default=[8192, 16384],
                         help="fused classifier chunk sizes to time (default 8192 16384)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--only", nargs="+", choices=BENCHES, default=list(BENCHES),
+                        help="run these benches only (default: all)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    ceil, rows = run_all(GPTConfig.from_descriptor(args.model), args.batch_size, args.seq_len, tuple(args.chunk_rows))
+    ceil, rows = run_all(GPTConfig.from_descriptor(args.model), args.batch_size, args.seq_len, tuple(args.chunk_rows),
+                         tuple(args.only))
     print(format_table(ceil, rows))
     if args.json:
         with open(args.json, "w") as f:

@@ -45,14 +45,38 @@ _ROW_ALIGN = 64  # elements: 128 bytes in bf16
 EXACT_STRIDES = tuple(t for t in (getattr(torch.Tag, "needs_exact_strides", None),) if t is not None)
 
 
-# quack GEMM tiles (M x N, ping-pong or cooperative, cluster M x N) pinned per call site: the fastest of twelve
-# at d12's shapes on an H100 (2026-11-27, bench/results/2026-11-27/12-*/mb_gemm.txt), against cuBLAS per call:
-C_ATTN_FORWARD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2)  # 305 against 345 us
-C_ATTN_INPUT_GRAD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)  # 305 against 345
-MLP_PROJ_FORWARD = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=1, cluster_n=2)  # 431 against 446
-MLP_FC_INPUT_GRAD = dict(tile_m=256, tile_n=192, pingpong=False, cluster_m=1, cluster_n=2)  # 428 against 448
-ATTN_PROJ = dict(tile_m=128, tile_n=192, pingpong=True, cluster_m=2, cluster_n=1)  # 112 against 123 and 128
-# (c_proj's forward tiles were measured without their bias, which the epilogue now adds: one (C,) read a tile)
+def _tile(tile_m: int, tile_n: int, pingpong: bool, cluster_m: int, cluster_n: int) -> dict:
+    return dict(tile_m=tile_m, tile_n=tile_n, pingpong=pingpong, cluster_m=cluster_m, cluster_n=cluster_n)
+
+
+# quack GEMM tiles (M x N, ping-pong or cooperative, cluster M x N) pinned per call site and model width C (the
+# tables' keys; `tile_for` picks one). At d12's 768, the default for widths not listed: the fastest of twelve at
+# d12's shapes on an H100 (2026-11-27, bench/results/2026-11-27/12-*/mb_gemm.txt), against cuBLAS per call. At
+# d24's 1024 and d48's 1600: the fastest of twenty at those models' shapes on an H200 (2026-11-28, `bench_kernels
+# --only linear-gemm`, docs/benchmarks.md), where d12's 192-wide tiles cover a C-wide output unevenly (1024 and
+# 1600 are no multiples of 192), µs against d12's pin (d24 at B=32, d48 at B=16; T=1024):
+C_ATTN_FORWARD = {768: _tile(128, 192, True, 1, 2),  # 305 against 345 us
+                  1600: _tile(128, 160, True, 1, 2)}  # 355 against 365
+C_ATTN_INPUT_GRAD = {768: _tile(128, 192, True, 2, 1),  # 305 against 345
+                     1024: _tile(128, 256, False, 1, 2),  # 288 against 314
+                     1600: _tile(256, 160, False, 1, 2)}  # 351 against 394
+MLP_PROJ_FORWARD = {768: _tile(128, 192, True, 1, 2),  # 431 against 446
+                    1024: _tile(128, 256, False, 1, 2),  # 390 against 429
+                    1600: _tile(256, 160, False, 1, 2)}  # 471 against 589
+MLP_FC_INPUT_GRAD = {768: _tile(256, 192, False, 1, 2),  # 428 against 448
+                     1024: _tile(128, 256, False, 1, 2),  # 397 against 417
+                     1600: _tile(256, 160, False, 1, 2)}  # 473 against 524
+ATTN_PROJ = {768: _tile(128, 192, True, 2, 1),  # 112 against 123 and 128
+             1024: _tile(192, 128, True, 1, 2),  # forward 101 against 114, input gradient 99 against 116
+             1600: _tile(128, 160, True, 1, 2)}  # forward 120 against 131, input gradient 122 against 131
+# (c_proj's forward tiles at 768 were measured without their bias, which the epilogue now adds: one (C,) read a tile)
+DEFAULT_TILE_WIDTH = 768
+
+
+def tile_for(site: dict[int, dict], width: int) -> dict:
+    """A call site's tile (one of the tables above) at model width `width`; d12's where the width has none."""
+    return site.get(width, site[DEFAULT_TILE_WIDTH])
+
 
 # Whether `matmul` runs quack's GEMM on CUDA; set by configure_linear before a model is compiled
 _quack_gemm_on_cuda = False
@@ -86,8 +110,9 @@ def configure_linear(dtype: torch.dtype = torch.bfloat16, device: torch.device |
     h = torch.randn(512, n_embd, device=device, dtype=dtype, generator=g)
     w = 0.02 * torch.randn(3 * n_embd, n_embd, device=device, dtype=dtype, generator=g)
     b = torch.randn(3 * n_embd, device=device, dtype=dtype, generator=g)
-    pairs = [(_quack_matmul(h, w.t(), b, C_ATTN_FORWARD), torch.addmm(b.float(), h.float(), w.float().t())),
-             (_quack_matmul(h @ w.t(), w, None, C_ATTN_INPUT_GRAD), (h @ w.t()).float() @ w.float())]
+    forward, input_grad = tile_for(C_ATTN_FORWARD, n_embd), tile_for(C_ATTN_INPUT_GRAD, n_embd)
+    pairs = [(_quack_matmul(h, w.t(), b, forward), torch.addmm(b.float(), h.float(), w.float().t())),
+             (_quack_matmul(h @ w.t(), w, None, input_grad), (h @ w.t()).float() @ w.float())]
     if (err := max_relative_error(pairs)) > CHECK_TOLERANCE:
         raise RuntimeError(f"quack's GEMM disagrees with torch's at width {n_embd}: relative error {err:.2e}; "
                            "`pip uninstall flash-attn-4 quack-kernels` (the gpu extra) to train without it")
@@ -198,7 +223,7 @@ def _biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward)."""
     augmented(h)  # fail here, not in backward, on an input without the column
     w = compute_copy(weight, h.dtype)
-    return matmul(h, w.t(), bias.to(h.dtype), C_ATTN_FORWARD), w
+    return matmul(h, w.t(), bias.to(h.dtype), tile_for(C_ATTN_FORWARD, h.size(1))), w
 
 
 @_biased_linear.register_fake
@@ -212,7 +237,8 @@ def _biased_linear_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, 
     """weight in the compute dtype -> (dh (N, C) in h's dtype, dW, db in grad_dtype, the parameters')."""
     dw, db = weight_and_bias_grads(dy, h, grad_dtype)
     # copies: a custom op's outputs may not alias each other (dW and db are views of one product)
-    return matmul(dy, weight.to(dy.dtype), None, C_ATTN_INPUT_GRAD), dw.contiguous(), db.clone()
+    return (matmul(dy, weight.to(dy.dtype), None, tile_for(C_ATTN_INPUT_GRAD, weight.size(1))), dw.contiguous(),
+            db.clone())
 
 
 @_biased_linear_bwd.register_fake
@@ -257,7 +283,7 @@ def projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tor
 def _projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward)."""
     w = compute_copy(weight, h.dtype)
-    return matmul(h, w.t(), bias.to(h.dtype), ATTN_PROJ), w
+    return matmul(h, w.t(), bias.to(h.dtype), tile_for(ATTN_PROJ, h.size(1))), w
 
 
 @_projection.register_fake
@@ -269,7 +295,8 @@ def _(h, weight, bias):
 def _projection_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """weight in the compute dtype -> (dh (N, C) in h's dtype, dW in grad_dtype, the parameter's)."""
-    return matmul(dy, weight.to(dy.dtype), None, ATTN_PROJ), matmul_out(dy.t(), h, grad_dtype)
+    return (matmul(dy, weight.to(dy.dtype), None, tile_for(ATTN_PROJ, weight.size(1))),
+            matmul_out(dy.t(), h, grad_dtype))
 
 
 @_projection_bwd.register_fake

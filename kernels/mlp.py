@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 from kernels.linear import (EXACT_STRIDES, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented, compute_copy, in_dtype,
-                            matmul, matmul_out, weight_and_bias_grads, with_ones_column)
+                            matmul, matmul_out, tile_for, weight_and_bias_grads, with_ones_column)
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -164,7 +164,7 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
     else:
         pre, post = _load_quack().gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True,
                                            tuned=False)  # (N, 4C) each
-        y = matmul(post, w_proj.t(), b_proj, MLP_PROJ_FORWARD)  # (N, C)
+        y = matmul(post, w_proj.t(), b_proj, tile_for(MLP_PROJ_FORWARD, w_proj.size(0)))  # (N, C)
     return y, pre, post if keep_post else pre.new_empty(0), w_fc, w_proj
 
 
@@ -208,7 +208,7 @@ def _weight_grads(dy, h, dpre, post, w_fc, dtype):
     """The matmul gradients shared by the quack path and the reference; c_fc's bias gradient from the dW_fc
     GEMM, through h's column of ones. dtype: the parameters' (fp32 in training), which the weight gradients
     come out in."""
-    dh = matmul(dpre, w_fc.to(dpre.dtype), None, MLP_FC_INPUT_GRAD)  # (N, C)
+    dh = matmul(dpre, w_fc.to(dpre.dtype), None, tile_for(MLP_FC_INPUT_GRAD, w_fc.size(1)))  # (N, C)
     dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)
     # copies: a custom op's outputs may not alias each other (dW_fc and db_fc are views of one product)
     return dh, dw_fc.contiguous(), db_fc.clone(), matmul_out(dy.t(), post, dtype)
