@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.deployed import seeded_home
 from tests.fixtures.processes import environ_without_prefect_settings, free_port
 from tests.test_pipeline_deployments import clone  # noqa: F401  (fixture: a clone sharing this .venv)
 
@@ -69,6 +70,7 @@ def test_run_pipeline_gpu_runs_end_to_end_in_one_command(clone):  # noqa: F811
     its summary's figures are those of the run directories it names, and the server it started is gone. A
     handful of steps: the script, not the numbers, is under test."""
     port = free_port()
+    seeded_home(clone / "artifacts/gpu-run/prefect")  # the script's PREFECT_HOME, its database already made
     env = environ_without_prefect_settings()
     # scheduled scans every 30 s, not the CPU mode's 15: a few while the pipeline trains, not seven flow runs
     env.update(PREFECT_PORT=str(port), PREFECT_WORKER_QUERY_SECONDS="1", STEPS=str(STEPS), ALONE_STEPS=str(ALONE_STEPS),

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.deployed import seeded_home
 from tests.fixtures.processes import (environ_without_prefect_settings, free_port, prefect_processes_of,
                                       training_processes, wait_for)
 
@@ -41,6 +42,7 @@ def clone(tmp_path) -> Path:
     # the shared environment must be installed from this checkout, so that setup.sh in the clone is a no-op
     subprocess.run(["bash", "scripts/setup.sh"], cwd=REPO, check=True, capture_output=True)
     (path / ".venv").symlink_to(REPO / ".venv")
+    seeded_home(path / ".prefect")  # scripts/run.sh's PREFECT_HOME, its database already made (tests/fixtures/deployed.py)
     return path
 
 
@@ -91,9 +93,11 @@ def postgres():
 
 def test_run_sh_on_a_postgresql_backed_server(clone, postgres):
     url, port = postgres
+    sqlite_db = clone / ".prefect" / "prefect.db"  # the clone's copy of a made database (the clone fixture)
+    before = sqlite_db.read_bytes()
     result = run_sh(clone, "gpt2-hellaswag/smoke", env={"PREFECT_API_DATABASE_CONNECTION_URL": url})
     assert "gpt2-hellaswag/smoke finished with exit code 0" in result.stdout
-    assert not (clone / ".prefect" / "prefect.db").exists()  # nothing went to SQLite
+    assert sqlite_db.read_bytes() == before and not sqlite_db.with_name("prefect.db-wal").exists()  # nothing went to SQLite
 
     def query(sql: str) -> list[str]:
         out = subprocess.run([str(_postgres_bin() / "psql"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",

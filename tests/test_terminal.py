@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -67,7 +68,9 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     for output in outputs:
         assert "Prefect UI:   http://127.0.0.1:" in output and "--logdir" in output
         assert "Killed" not in output  # the last one out stops the worker and reaps it without bash's job notice
-    assert (clone / ".prefect" / "prefect.db").is_file()  # the server's SQLite database lives in the project
+    with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:  # the server's SQLite database lives in the project
+        flows = {name for (name,) in db.execute("select f.name from flow_run r join flow f on f.id = r.flow_id")}
+    assert {"gpt2-hellaswag", "gpt2-pretrain"} <= flows
     (run_dir,) = [Path(p) for p in glob.glob(str(clone / "artifacts/runs/second/*"))]
     evaluations = sorted((run_dir / "evaluations").glob("*.json"))
     assert [p.name for p in evaluations] == ["step_00000020.json"]  # the smoke deployment's max_steps
