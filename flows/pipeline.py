@@ -207,7 +207,7 @@ def run_stage(settings: PipelineSettings, stage: str, force: bool = False) -> di
         return _results(futures)
 
 
-def _stage_flow(stage: str, name: str | None = None):
+def _stage_flow(stage: str, name: str):
     force_parameter = inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=bool)
 
     @ends_cancelled
@@ -219,17 +219,26 @@ def _stage_flow(stage: str, name: str | None = None):
 
     stage_flow.__doc__ = f"The {stage} stage alone (what it needs comes from cache); force=True reruns it."
     stage_flow.__name__ = f"{stage}_flow"
-    return flow(name=name or f"gpt2-{stage}", log_prints=True)(stage_flow)
+    return flow(name=name, log_prints=True)(stage_flow)
 
 
-download_flow = _stage_flow("download")
-tokenize_flow = _stage_flow("tokenize")
-hellaswag_flow = _stage_flow("hellaswag")
-init_flow = _stage_flow("init")
-train_flow = _stage_flow("train")
-evaluate_final_flow = _stage_flow("evaluate", name="gpt2-evaluate-final")  # gpt2-evaluate: the scheduled scan
-sample_flow = _stage_flow("sample")
-export_flow = _stage_flow("export")
+# The stage flows, made when first looked up (`from flows.pipeline import train_flow`, a deployment's
+# entrypoint), not at import: Prefect builds a flow's parameter schema, a pydantic model per parameter, when the
+# flow is made (about 60 ms of CPU for the settings' ~55 parameters), and a flow run needs one of the eight.
+STAGE_FLOWS = {  # attribute: (stage, flow name)
+    "download_flow": ("download", "gpt2-download"), "tokenize_flow": ("tokenize", "gpt2-tokenize"),
+    "hellaswag_flow": ("hellaswag", "gpt2-hellaswag"), "init_flow": ("init", "gpt2-init"),
+    "train_flow": ("train", "gpt2-train"),
+    "evaluate_final_flow": ("evaluate", "gpt2-evaluate-final"),  # gpt2-evaluate: the scheduled scan, below
+    "sample_flow": ("sample", "gpt2-sample"), "export_flow": ("export", "gpt2-export"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in STAGE_FLOWS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    made = globals()[name] = _stage_flow(*STAGE_FLOWS[name])
+    return made
 
 
 # ---------------------------------------------------------------------------------------------------------

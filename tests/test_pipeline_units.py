@@ -508,6 +508,16 @@ def test_every_deployment_loads_its_flow_from_the_one_imported_module():
         assert load_flow_from_entrypoint(deployment["entrypoint"]) is getattr(flows.pipeline, flow_name), deployment
 
 
+def test_a_stage_flow_is_made_when_first_looked_up_not_at_import():
+    """A flow run imports flows.pipeline for one flow: the eight stage flows (Prefect builds each one's schema of
+    ~55 parameters when it is made, ~60 ms of CPU apiece) are made when looked up, once each, none at import."""
+    code = ("import flows.pipeline as p; made = lambda: [n for n in p.STAGE_FLOWS if n in vars(p)]; before = made(); "
+            "f = p.train_flow; print(before, f is p.train_flow, f.name, made())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.strip() == "[] True gpt2-train ['train_flow']", out
+
+
 def test_the_flow_process_starts_without_torch():
     """Every flow run is a new process that imports flows.pipeline (and `prefect deploy`, run.sh's name check
     import it too): torch is imported by the stages that use it, when they run, not by the flows' import
