@@ -14,14 +14,15 @@ certifi's whole bundle (about 25 ms of CPU), even for an http:// API such as eve
 deploy makes about 75 clients (13 CPU-seconds with the bundle, 8.5 with one certificate), a flow run a dozen.
 
 The end-to-end tier shares its servers: one deployed server and worker (`server`, `worker`) and one temporary
-in-process server (`prefect_server`) per test process, each started when a test first asks for it. The
-deployed one is stopped once the next module of its process does not use it (an idle server still takes CPU
-the other processes need: a few seconds a minute) and started again, on its database, for a later one that does.
+in-process server (`prefect_server`) per test process, each started when a test first asks for it. Each is
+stopped once the next module of its process does not use it (an idle server still takes CPU the other processes
+need: a second or two a minute) and started again for a later one that does: the deployed one on its database.
 """
 
 import os
 import re
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 import certifi
@@ -80,20 +81,21 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("timeout", f"waiting for: {INTERRUPTED_WAIT.pop()}"))
 
 
-@pytest.fixture(scope="session")
-def _prefect_harness(tmp_path_factory):
-    """Prefect's temporary server, for flows called in this process; results stored under a folder of its own."""
-    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
-    from prefect.testing.utilities import prefect_test_harness
-
-    results = tmp_path_factory.mktemp("results")
-    with prefect_test_harness(server_startup_timeout=180), temporary_settings({PREFECT_LOCAL_STORAGE_PATH: results}):
-        yield
+_HARNESS: list[ExitStack] = []  # Prefect's temporary server and the settings that point at it, while it runs
 
 
 @pytest.fixture(scope="module")
-def prefect_server(_prefect_harness, tmp_path_factory):
-    """The temporary server for flows called in this process; yields a fresh folder for the module's outputs."""
+def prefect_server(tmp_path_factory):
+    """Prefect's temporary server for flows called in this process, results stored under a folder of its own
+    (started again where an earlier module's was stopped); yields a fresh folder for the module's outputs."""
+    if not _HARNESS:
+        from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
+        from prefect.testing.utilities import prefect_test_harness
+
+        with ExitStack() as harness:
+            harness.enter_context(prefect_test_harness(server_startup_timeout=180))
+            harness.enter_context(temporary_settings({PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("results")}))
+            _HARNESS.append(harness.pop_all())
     return tmp_path_factory.mktemp("pipeline")
 
 
@@ -119,9 +121,19 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield  # the module's own fixtures end first: runs they started have ended or were given up
-    next_uses_it = nextitem is not None and (nextitem.module is item.module or "server" in nextitem.fixturenames)
-    if _SHARED_SERVER and _SHARED_SERVER[0].running and not next_uses_it:
+    if _SHARED_SERVER and _SHARED_SERVER[0].running and not _next_uses(item, nextitem, "server"):
         _SHARED_SERVER[0].stop()
+    if _HARNESS and not _next_uses(item, nextitem, "prefect_server"):
+        _HARNESS.pop().close()
+
+
+def _next_uses(item, nextitem, fixture: str) -> bool:
+    return nextitem is not None and (nextitem.module is item.module or fixture in nextitem.fixturenames)
+
+
+def pytest_sessionfinish(session):
+    while _HARNESS:  # a session that ended early (interrupted, -x) with the temporary server up
+        _HARNESS.pop().close()
 
 
 @pytest.fixture
