@@ -27,6 +27,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled
 
 from flows.config import PipelineSettings, check_settings, merge_with_deployment, settings_parameters
+from flows.names import PIPELINE_FLOW, SCAN_FLOW, STAGE_FLOWS
 from tasks.cache import StageRecord
 from tasks.cancel_watch import cancel_requested
 from tasks.download import download_documents
@@ -158,7 +159,7 @@ def ends_cancelled(body: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-@flow(name="gpt2-pretrain", log_prints=True)
+@flow(name=PIPELINE_FLOW, log_prints=True)
 @ends_cancelled
 @settings_parameters()
 def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
@@ -222,18 +223,10 @@ def _stage_flow(stage: str, name: str):
     return flow(name=name, log_prints=True)(stage_flow)
 
 
-# The stage flows, made when first looked up (`from flows.pipeline import train_flow`, a deployment's
-# entrypoint), not at import: Prefect builds a flow's parameter schema, a pydantic model per parameter, when the
-# flow is made (about 60 ms of CPU for the settings' ~55 parameters), and a flow run needs one of the eight.
-STAGE_FLOWS = {  # attribute: (stage, flow name)
-    "download_flow": ("download", "gpt2-download"), "tokenize_flow": ("tokenize", "gpt2-tokenize"),
-    "hellaswag_flow": ("hellaswag", "gpt2-hellaswag"), "init_flow": ("init", "gpt2-init"),
-    "train_flow": ("train", "gpt2-train"),
-    "evaluate_final_flow": ("evaluate", "gpt2-evaluate-final"),  # gpt2-evaluate: the scheduled scan, below
-    "sample_flow": ("sample", "gpt2-sample"), "export_flow": ("export", "gpt2-export"),
-}
-
-
+# The stage flows (flows.names.STAGE_FLOWS), made when first looked up (`from flows.pipeline import train_flow`,
+# a deployment's entrypoint), not at import: Prefect builds a flow's parameter schema, a pydantic model per
+# parameter, when the flow is made (about 60 ms of CPU for the settings' ~55 parameters), and a flow run needs
+# one of the eight.
 def __getattr__(name: str) -> Any:
     if name not in STAGE_FLOWS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -245,7 +238,7 @@ def __getattr__(name: str) -> Any:
 # scheduled evaluation
 
 
-@flow(name="gpt2-evaluate", log_prints=True)
+@flow(name=SCAN_FLOW, log_prints=True)
 def gpt2_evaluate(runs_dir: str = "artifacts/runs", settings: EvalSettings = EvalSettings()) -> list[dict[str, Any]]:
     """Evaluate every complete checkpoint under `runs_dir` that has not been evaluated yet.
 

@@ -508,6 +508,22 @@ def test_every_deployment_loads_its_flow_from_the_one_imported_module():
         assert load_flow_from_entrypoint(deployment["entrypoint"]) is getattr(flows.pipeline, flow_name), deployment
 
 
+def test_run_shs_name_check_reads_the_flow_names_without_importing_prefect():
+    """`python -m flows.deployments NAME` runs before every run.sh: it names each deployment FLOW/DEPLOYMENT from
+    flows.names, a table without Prefect (importing Prefect and making the nine flows took ~2.7 CPU-seconds each
+    time), and that table names each flow as Prefect does."""
+    code = ("import sys, flows.deployments as d; names = d.deployment_names(); "
+            "print(len(names), sorted(m for m in sys.modules if m.split('.')[0] == 'prefect')[:3])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.strip().endswith(" []"), f"the name check imported Prefect: {out}"
+
+    import flows.pipeline
+    from flows.names import FLOW_NAMES
+
+    assert {attribute: getattr(flows.pipeline, attribute).name for attribute in FLOW_NAMES} == FLOW_NAMES
+
+
 def test_a_stage_flow_is_made_when_first_looked_up_not_at_import():
     """A flow run imports flows.pipeline for one flow: the eight stage flows (Prefect builds each one's schema of
     ~55 parameters when it is made, ~60 ms of CPU apiece) are made when looked up, once each, none at import."""
