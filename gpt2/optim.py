@@ -4,6 +4,7 @@ the step)."""
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import torch
@@ -204,9 +205,10 @@ def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
     result loads into an optimizer of the same kind and world size with `load_state_dict` on every
     rank (each keeps its own shard).
     """
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    # a ZeRO-1 optimizer exists only where configure_optimizer imported torch.distributed.optim; elsewhere the
+    # import (a quarter of a CPU-second: it compiles its functional optimizers) is not paid for the check
+    zero = sys.modules.get("torch.distributed.optim")
+    if zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer):
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if optimizer.global_rank == 0 else None
     return optimizer.state_dict()
