@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.deployed import seeded_home
-from tests.fixtures.processes import (environ_without_prefect_settings, free_port, prefect_processes_of,
-                                      training_processes, wait_for)
+from tests.fixtures.processes import (environ_without_prefect_settings, free_port, lower_priority,
+                                      prefect_processes_of, training_processes, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +148,9 @@ def test_interrupting_run_sh_cancels_the_flow_run_and_stops_training(clone, how)
         if how.endswith("server hung"):
             server = int((clone / ".prefect" / "server.pid").read_text())  # setsid: its own process group
             os.killpg(server, signal.SIGSTOP)
+            # nothing reaches training until run.sh stops its worker (after flows.cancel's 90 s): it waits at the
+            # lowest priority meanwhile
+            lower_priority((pid for pid, _ in training_processes(run_name)), 19)
         if how.startswith("ctrl-c"):
             os.killpg(proc.pid, signal.SIGINT)
         else:
