@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.processes import free_port, training_processes, wait_for
+from tests.fixtures.processes import free_port, lower_priority, training_processes, wait_for
 from tests.fixtures.deployed import Started, flow_run, flow_run_logs, start_at_once, task_states, wait_for_final_state
 
 pytestmark = pytest.mark.slow
@@ -383,6 +383,7 @@ def test_a_rebuild_of_the_shards_a_training_run_reads_waits_until_training_ends(
                                                             "checkpoint_every=0", "val_every=0") for a in ("--param", p)])
     try:
         assert wait_for(lambda: len(training_processes("reading")) >= 2, 600), "training did not start"
+        lower_priority((pid for pid, _ in training_processes("reading")), 19)  # it only has to hold the dataset
         shards = server.tree / "artifacts" / "data" / "readlock" / "shards"
         before = folder_snapshot(shards)
         rebuild_id = server.run("gpt2-tokenize/smoke", "--param", "dataset=readlock", "--param", "shard_size=4096")
