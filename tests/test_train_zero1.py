@@ -112,3 +112,16 @@ def test_zero1_shards_the_adamw_state(tmp_path):
     assert sum(r["held"] for r in ranks) == 2 * params  # exp_avg and exp_avg_sq of every parameter once
     assert all(0 < r["held"] < 0.75 * 2 * params for r in ranks)  # neither rank holds (nearly) all
     assert [r["threads_left"] for r in ranks] == [0, 0], "the process group's threads outlive teardown"
+
+
+def test_a_one_process_runs_checkpoint_state_does_not_import_zero1():
+    """`full_state_dict` asks whether the optimizer is ZeRO-1's without importing torch.distributed.optim where
+    nothing else did (a quarter of a CPU-second at a one-process run's first checkpoint: the import compiles
+    its functional optimizers); the state is still the whole optimizer's."""
+    code = ("import sys, torch; from gpt2.optim import configure_optimizer, full_state_dict; "
+            "model = torch.nn.Linear(3, 2); optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1); "
+            "model(torch.ones(1, 3)).sum().backward(); optimizer.step(); state = full_state_dict(optimizer); "
+            "print(len(state['state']), 'torch.distributed.optim' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.strip() == "2 False", out
