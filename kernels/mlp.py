@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 from kernels.linear import (EXACT_STRIDES, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented, compute_copy, in_dtype,
-                            matmul, matmul_out, tile_for, weight_and_bias_grads, with_ones_column)
+                            empty_weight_grad, matmul, matmul_out, tile_for, weight_and_bias_grads,
+                            with_ones_column)
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -200,8 +201,8 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
 
 @_mlp_bwd.register_fake
 def _(dy, h, pre, post, w_fc, w_proj, grad_dtype):
-    grads = (w_fc.shape, (w_fc.size(0),), w_proj.shape)
-    return h.new_empty(h.shape, dtype=pre.dtype), *(w_fc.new_empty(shape, dtype=grad_dtype) for shape in grads)
+    return (h.new_empty(h.shape, dtype=pre.dtype), empty_weight_grad(w_fc, grad_dtype),
+            w_fc.new_empty(w_fc.size(0), dtype=grad_dtype), w_proj.new_empty(w_proj.shape, dtype=grad_dtype))
 
 
 def _weight_grads(dy, h, dpre, post, w_fc, dtype):
@@ -210,8 +211,7 @@ def _weight_grads(dy, h, dpre, post, w_fc, dtype):
     come out in."""
     dh = matmul(dpre, w_fc.to(dpre.dtype), None, tile_for(MLP_FC_INPUT_GRAD, w_fc.size(1)))  # (N, C)
     dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)
-    # copies: a custom op's outputs may not alias each other (dW_fc and db_fc are views of one product)
-    return dh, dw_fc.contiguous(), db_fc.clone(), matmul_out(dy.t(), post, dtype)
+    return dh, dw_fc, db_fc, matmul_out(dy.t(), post, dtype)  # dW_fc as the GEMM left it (weight_and_bias_grads)
 
 
 def _setup_context(ctx, inputs, output):
