@@ -1,0 +1,37 @@
+"""The suite's own process helpers (tests/fixtures/processes.py), where what they promise is not already
+exercised by the end-to-end tests that use them."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.processes import lower_priority
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _autogroup_niceness(pid: int | str) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split("nice")[1])  # "/autogroup-123 nice 0"
+
+
+@pytest.mark.skipif(not AUTOGROUP.exists(), reason="a kernel without autogroups: niceness alone ranks processes")
+def test_lower_priority_lowers_a_training_in_its_own_session_and_never_the_suites():
+    """A training launched by a flow run has a session of its own, and Linux shares the CPU between sessions
+    before it looks at a process's niceness: lowering the process alone would leave it a whole share."""
+    own = _autogroup_niceness("self")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    elsewhere = subprocess.Popen(sleeper, start_new_session=True)
+    here = subprocess.Popen(sleeper)
+    try:
+        lower_priority([elsewhere.pid, here.pid], 19)
+        assert os.getpriority(os.PRIO_PROCESS, elsewhere.pid) == 19
+        assert _autogroup_niceness(elsewhere.pid) == 19, "the other session's group kept its share of the CPU"
+        assert os.getpriority(os.PRIO_PROCESS, here.pid) == 19
+        assert _autogroup_niceness(here.pid) == _autogroup_niceness("self") == own, "the suite's session was lowered"
+    finally:
+        for process in (elsewhere, here):
+            process.kill()
+            process.wait()
