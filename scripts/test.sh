@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/test_model.py -k parity`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+INSTALLER=${INSTALLER:-uv} bash scripts/setup.sh  # uv: half pip's time; INSTALLER=pip for your pip configuration
 bash scripts/install_postgres.sh  # PostgreSQL for tests/test_pipeline_deployments.py (skips itself without)
 bash scripts/install_slurm.sh     # Slurm + munge for tests/test_pipeline_slurm.py (skips itself without)
 # Four processes, so that both cores stay busy while some tests wait (for a server, a worker, a subprocess).
