@@ -32,6 +32,9 @@ from kernels.cross_entropy import configure_classifier, linear_cross_entropy, li
 from kernels.layernorm import add_layernorm, add_layernorm_reference
 from kernels.linear import biased_linear, configure_linear, projection, with_ones_column
 from kernels.mlp import configure_mlp, fused_mlp
+from kernels.compile import tag_compile_caches  # after the ops' modules: it names their ops
+
+tag_compile_caches()
 
 
 def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bfloat16,

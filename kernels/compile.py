@@ -10,11 +10,17 @@ minutes (H200, torch 2.11, 2026-11-21) inside that formatting. torch 2.13 builds
 when logging asks for it. Registering the same fallback the implicit path would create (with its
 layout constraint: keep the strides the graph traced) skips that path on every version. This uses
 Inductor's internal `make_fallback`; if it moves, a warning says so.
+
+`tag_compile_caches` (run when the package is imported) keeps torch.compile's on-disk caches from serving one
+version of these ops' graphs to another.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -44,3 +50,29 @@ def register_inductor_fallbacks() -> None:
     for op in _OPS:
         if op not in lowerings:
             make_fallback(op, layout_constraint=constrain_to_fx_strides, warn=False)
+
+
+def tag_compile_caches() -> None:
+    """Put a digest of this package's sources into torch.compile's cache keys (idempotent).
+
+    Inductor's and AOTAutograd's on-disk caches key a compiled graph on the traced model, not on the Python of
+    the custom ops in it: a backward graph compiled with one version of an op's fake kernel is served to a
+    version whose op returns another layout, which then stops at the first backward (`assert_size_stride`:
+    seen when c_attn's and c_fc's weight gradients kept their GEMM's row stride, on a machine that had compiled
+    the version before, either way round). `torch.compiler.config.cache_key_tag` is part of every key (a tag
+    the user set stays in front); torch versions without it are left as they are."""
+    config = torch.compiler.config
+    if not hasattr(config, "cache_key_tag"):
+        return
+    ours = f"gpt2_kernels:{source_digest(Path(__file__).parent)}"
+    if ours not in config.cache_key_tag:
+        config.cache_key_tag = f"{config.cache_key_tag}|{ours}" if config.cache_key_tag else ours
+
+
+@functools.cache
+def source_digest(folder: Path) -> str:
+    """sha256 of the Python files in `folder` (names and contents, in name order), 16 hex digits."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]

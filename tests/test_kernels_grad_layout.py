@@ -1,6 +1,10 @@
 """c_attn's and c_fc's weight gradients come out of their GEMM as they lie, rows C + 8 apart (no dense copy), at
 odd shapes: the values against autograd through F.linear, the layout, the fake kernels' layout against the real
-ones' (opcheck), and FlatGradients adding such gradients into its dense buffer the same as a dense add."""
+ones' (opcheck), and FlatGradients adding such gradients into its dense buffer the same as a dense add. And
+torch.compile's cache keys carrying a digest of the kernels' sources, without which a graph compiled for the other
+layout was served from the cache."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,3 +71,20 @@ def test_biased_linear_weight_gradient_matches_f_linear_at_odd_shape():
     ref = [t.clone().requires_grad_() for t in (h, w, b)]
     dw_ref, db_ref = torch.autograd.grad(F.linear(*ref), ref[1:], dy)
     assert rel_err(dw, dw_ref) < 1e-12 and rel_err(db, db_ref) < 1e-12
+
+
+def test_compile_caches_are_keyed_on_the_kernels_sources(tmp_path, monkeypatch):
+    """Importing kernels puts a digest of its sources into torch.compile's cache-key tag, so a graph compiled
+    with the fake kernels of another version (another weight-gradient layout, say) is not served to this one;
+    a tag the user set stays in front, and tagging twice adds nothing."""
+    import kernels.compile as kc
+
+    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "users-tag")
+    kc.tag_compile_caches()
+    kc.tag_compile_caches()
+    digest = kc.source_digest(Path(kc.__file__).parent)
+    assert torch.compiler.config.cache_key_tag == f"users-tag|gpt2_kernels:{digest}"
+    for name, text in (("a", "x = 1\n"), ("b", "x = 2\n")):  # one byte apart
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "linear.py").write_text(text)
+    assert kc.source_digest(tmp_path / "a") != kc.source_digest(tmp_path / "b")
