@@ -73,17 +73,21 @@ def test_biased_linear_weight_gradient_matches_f_linear_at_odd_shape():
     assert rel_err(dw, dw_ref) < 1e-12 and rel_err(db, db_ref) < 1e-12
 
 
-def test_compile_caches_are_keyed_on_the_kernels_sources(tmp_path, monkeypatch):
+def test_compile_caches_are_keyed_on_the_kernels_sources(tmp_path):
     """Importing kernels puts a digest of its sources into torch.compile's cache-key tag, so a graph compiled
     with the fake kernels of another version (another weight-gradient layout, say) is not served to this one;
     a tag the user set stays in front, and tagging twice adds nothing."""
     import kernels.compile as kc
 
-    monkeypatch.setattr(torch.compiler.config, "cache_key_tag", "users-tag")
-    kc.tag_compile_caches()
-    kc.tag_compile_caches()
     digest = kc.source_digest(Path(kc.__file__).parent)
-    assert torch.compiler.config.cache_key_tag == f"users-tag|gpt2_kernels:{digest}"
+    assert f"gpt2_kernels:{digest}" in torch.compiler.config.cache_key_tag  # by the import
+    # the config's own patch: pytest's monkeypatch, undoing, deletes the setting (hides it from torch.compile,
+    # which then fails in every later test of the process)
+    with torch.compiler.config.patch(cache_key_tag="users-tag"):
+        kc.tag_compile_caches()
+        kc.tag_compile_caches()
+        assert torch.compiler.config.cache_key_tag == f"users-tag|gpt2_kernels:{digest}"
+    assert f"gpt2_kernels:{digest}" in torch.compiler.config.cache_key_tag
     for name, text in (("a", "x = 1\n"), ("b", "x = 2\n")):  # one byte apart
         (tmp_path / name).mkdir()
         (tmp_path / name / "linear.py").write_text(text)
