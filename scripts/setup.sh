@@ -6,7 +6,7 @@
 # compute capability 9.x) is present, the `gpu` extra goes in too: FlashAttention-4's backward and
 # quack-kernels' GEMM epilogues, the fast path of `gpt2.train` (docs/kernels.md).
 # INSTALLER=uv installs the project with uv (put into the venv first) instead of pip: the same versions in half
-# the time (61 s against 125 on two cores, most of pip's being its resolver and its one-core bytecode compile),
+# the time (62.5 s against 124.8 on two cores, cold caches, most of pip's being its resolver and its one-core bytecode compile),
 # but uv reads no pip configuration (index, mirror, certificates), so pip is the default, and where uv fails
 # pip installs after all. torch's CPU build always comes through pip, which finds it wherever pip is configured to.
 set -euo pipefail
