@@ -21,6 +21,7 @@ need: a second or two a minute) and started again for a later one that does: the
 
 import os
 import re
+import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -79,6 +80,17 @@ def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     if report.failed and call.excinfo is not None and "Timeout" in str(call.excinfo.value) and INTERRUPTED_WAIT:
         report.sections.append(("timeout", f"waiting for: {INTERRUPTED_WAIT.pop()}"))
+
+
+@pytest.fixture(autouse=True)
+def _a_flow_run_ending_ends_with_its_test():
+    """A flow that failed in this process leaves `tasks.launch` refusing to start any command ("the flow run is
+    ending"), as it should in a flow run's own process, which exits next. Here the next test starts as a new
+    process would: a module calling `run_streaming` directly failed whole where an earlier module of the same
+    pytest process had run such a flow (xdist hands each process its modules in no fixed order)."""
+    yield
+    if launch := sys.modules.get("tasks.launch"):
+        launch._stopping.clear()
 
 
 _HARNESS: list[ExitStack] = []  # Prefect's temporary server and the settings that point at it, while it runs

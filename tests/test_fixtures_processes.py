@@ -40,3 +40,18 @@ def test_lower_priority_lowers_a_training_in_its_own_session_and_never_the_suite
         for process in (elsewhere, here):
             process.kill()
             process.wait()
+
+
+def test_stop_all_refuses_new_commands_for_the_rest_of_its_test():
+    """`stop_all` (a failed flow's teardown, called in this process) makes `tasks.launch` refuse new commands..."""
+    from tasks.launch import flow_run_ending, stop_all
+
+    stop_all()
+    assert flow_run_ending()
+
+
+def test_the_next_test_starts_commands_again():
+    """...until this process's test ends (tests/conftest.py): the test after it starts commands again."""
+    from tasks.launch import flow_run_ending
+
+    assert not flow_run_ending()
