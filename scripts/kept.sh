@@ -73,6 +73,18 @@ alive() {
     return 1
 }
 
+# wait_gone SECONDS PID...: waits until none of them is a live process (alive), asking five times a second;
+# fails when one still is after SECONDS
+wait_gone() {
+    local polls=$(($1 * 5))
+    shift
+    while alive "$@"; do
+        [ "$polls" -gt 0 ] || return 1
+        polls=$((polls - 1))
+        sleep 0.2
+    done
+}
+
 # children_of PID: the pids of PID's child processes, one a line
 children_of() {
     local stat pid
@@ -86,7 +98,9 @@ children_of() {
 # seconds; then its children in groups of their own (the worker's flow-run processes): the worker's death
 # signals them and they stop their training, but one still reporting to a server that does not answer would
 # wait for it, so whatever is left after 20 s more is killed too (its training dies with it: common/lifetime.py).
-# Prints what it did.
+# Says "stopped" once none of them is a live process: a killed process lives on while the kernel frees its
+# memory (a Prefect server's, tenths of a second on a busy machine), and one exiting has no command line left to
+# recognise it by (kept_pid), so the waits go by `alive`. Prints what it did.
 stop_kept() {
     local pid children child
     if ! pid=$(kept_pid "$1"); then
@@ -96,16 +110,15 @@ stop_kept() {
     fi
     children=$(children_of "$pid")  # now: once it is gone, they are someone else's
     kill -TERM -- "-$pid" 2>/dev/null || true
-    for _ in $(seq "$2"); do
-        kept_pid "$1" >/dev/null || break
-        sleep 1
-    done
-    kill -KILL -- "-$pid" 2>/dev/null || true
+    wait_gone "$2" "$pid" || true
+    kill -KILL -- "-$pid" 2>/dev/null || true  # and whatever else is left in its group
     # shellcheck disable=SC2086  # one pid a word
-    for _ in $(seq 20); do alive $children || break; sleep 1; done
+    wait_gone 20 "$pid" $children || true
     for child in $children; do
         if alive "$child"; then kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true; fi
     done
+    # shellcheck disable=SC2086
+    wait_gone 10 "$pid" $children || echo "[stop] $1 (pid $pid): a process still exits after SIGKILL" >&2
     rm -f "$KEPT_HOME/$1.pid"
     echo "[stop] $1 (pid $pid) stopped"
 }

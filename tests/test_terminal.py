@@ -194,3 +194,29 @@ def test_flows_cancel_says_what_it_needs_and_gives_up_in_time():
         assert waiting.wait(timeout=10) == 130
         connection.close()
     assert waiting.stderr.read() == f"[run] not waiting for flow run {run_id} to end\n"
+
+
+def test_stop_sh_says_stopped_only_once_the_process_is_gone(tmp_path):
+    """A worker that ignores SIGTERM is killed after its grace; the kernel then frees its memory for tenths of a
+    second before the process is gone, and stop.sh returned during that time saying "stopped" (the docs' stop.sh
+    block found the server it had just "stopped" still alive, in a full run)."""
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    for script in ("stop.sh", "kept.sh"):
+        (tmp_path / "scripts" / script).write_text((repo / "scripts" / script).read_text())
+    hold = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); memory = bytearray(2 << 30); "
+            "print('ready', flush=True); time.sleep(120)")
+    # a stand-in for run.sh's worker: its own session, 'prefect' in its command line (all kept_pid checks)
+    worker = subprocess.Popen([sys.executable, "-c", hold, "prefect-worker-stand-in"], stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert worker.stdout.readline() == "ready\n"
+        (tmp_path / ".prefect").mkdir()
+        (tmp_path / ".prefect" / "worker.pid").write_text(f"{worker.pid}\n")
+        stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        state = Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]  # our child: Z until reaped
+        assert f"[stop] worker (pid {worker.pid}) stopped" in stop.stdout, stop.stdout + stop.stderr
+        assert state == "Z", f"stop.sh said stopped while the worker was still in state {state}"
+    finally:
+        worker.kill()
+        worker.wait()
