@@ -11,7 +11,6 @@ import pytest
 from tests.fixtures.processes import lower_priority
 
 
-
 def _autogroup_niceness(pid: int | str) -> int | None:
     """The niceness of the process's autogroup ("/autogroup-123 nice 0"), or None where the CPU is not shared by
     autogroups: a kernel without them (no file), or a process whose CPU share a cgroup sets (an empty file)."""

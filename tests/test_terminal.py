@@ -204,7 +204,7 @@ def test_stop_sh_says_stopped_only_once_the_process_is_gone(tmp_path):
     (tmp_path / "scripts").mkdir()
     for script in ("stop.sh", "kept.sh"):
         (tmp_path / "scripts" / script).write_text((repo / "scripts" / script).read_text())
-    hold = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); memory = bytearray(2 << 30); "
+    hold = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); memory = bytearray(2 << 30); "
             "print('ready', flush=True); time.sleep(120)")
     # a stand-in for run.sh's worker: its own session, 'prefect' in its command line (all kept_pid checks)
     worker = subprocess.Popen([sys.executable, "-c", hold, "prefect-worker-stand-in"], stdout=subprocess.PIPE,
