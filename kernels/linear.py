@@ -70,6 +70,10 @@ ATTN_PROJ = {768: _tile(128, 192, True, 2, 1),  # 112 against 123 and 128
              1024: _tile(192, 128, True, 1, 2),  # forward 101 against 114, input gradient 99 against 116
              1600: _tile(128, 160, True, 1, 2)}  # forward 120 against 131, input gradient 122 against 131
 # (c_proj's forward tiles at 768 were measured without their bias, which the epilogue now adds: one (C,) read a tile)
+# At 1600 they were timed against cuBLAS too, at d48's exact strides (2026-11-29, two H200s, bench/results/2026-11-29/
+# 4-gemm-cublas-d48-h200): quack 5-13% faster at the three forward sites, 0-4% at c_proj's input gradient; at
+# c_attn's and c_fc's input gradients cuBLAS was up to 1.1% faster on one machine and behind on the other, so no
+# site hands width 1600 to torch's GEMM
 DEFAULT_TILE_WIDTH = 768
 
 
