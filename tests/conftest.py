@@ -29,6 +29,12 @@ from pathlib import Path
 import certifi
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A Prefect client with no API to talk to starts Prefect's temporary server (a subprocess, about 15 CPU-seconds,
+# that fails the test where it takes longer than its start-up timeout to answer, as on a loaded machine). No
+# test wants one: a test's flows run against the suite's server (`prefect_server`), and a test of a stage
+# outside any run gives it an API that is away (tests/fixtures/outage.py). Here such a client fails at once,
+# naming PREFECT_API_URL.
+os.environ["PREFECT_SERVER_ALLOW_EPHEMERAL_MODE"] = "false"
 
 
 def _one_certificate_authority() -> str:

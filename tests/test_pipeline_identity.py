@@ -194,17 +194,18 @@ def test_the_scan_skips_each_checkpoint_of_a_run_whose_data_changed_and_keeps_it
                                                                                                   tmp_path):
     """Step 10 was evaluated on the run's data; then the dataset was rebuilt from another corpus. The scan reports
     step 10's earlier result and step 20 skipped with the reason, and files nothing for step 20 (the evaluate
-    stage is never reached: no server is needed)."""
+    stage is never reached: no server is needed; the scan's progress, with no API to take it, is dropped)."""
     from prefect.logging.loggers import disable_run_logger
 
     from tasks.evaluate import file_evaluation, scan_runs
     from tasks.init import CheckpointRecord
+    from tests.fixtures.outage import api_away
     from tests.fixtures.train.tiny import TINY_MODEL
 
     run_dir, data = trained_run
     file_evaluation(CheckpointRecord.of(run_dir.checkpoint(10), TINY_MODEL), 5.25, None, data)
     _shards(tmp_path / "shards", OTHER_CORPUS)
-    with disable_run_logger():
+    with disable_run_logger(), api_away():
         rows = scan_runs(tmp_path / "runs")
     assert [(r["step"], r["val_loss"], r["evaluated_now"]) for r in rows] == [(10, 5.25, False), (20, None, False)]
     assert rows[0]["skipped"] is None

@@ -8,19 +8,17 @@ shard. And reporting to the server is best-effort: an unreachable API never fail
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import signal
 import sys
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tasks.launch import CommandFailed, run_streaming
 from tasks.retry import is_transient
+from tests.fixtures.outage import api_away_warnings
 from tests.fixtures.processes import free_port
 from tests.fixtures.train.tiny import tiny_config
 
@@ -137,26 +135,6 @@ def test_a_child_whose_error_names_the_network_or_a_lost_peer_is_retried(how, sa
     error = _child_failure(how)
     assert said in str(error)
     assert is_transient(error)
-
-
-@contextmanager
-def api_away_warnings() -> Iterator[list[str]]:
-    """The warnings tasks.retry logs while the Prefect API is a port nothing listens on (client retries off).
-    Outside a run, best_effort warns through tasks.retry's logger: read there, whatever handlers the logging
-    configuration of this test process has put on the root logger."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-
-    messages: list[str] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("tasks.retry")
-    logger.addHandler(handler)
-    try:
-        with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{free_port()}/api",
-                                 PREFECT_CLIENT_MAX_RETRIES: 0}):
-            yield messages
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_reporting_to_an_api_that_is_away_never_fails_the_work():
