@@ -13,17 +13,17 @@ by `environ_without_prefect_settings`): Prefect builds a TLS context for each cl
 certifi's whole bundle (about 25 ms of CPU), even for an http:// API such as every server the suite starts; a
 deploy makes about 75 clients (13 CPU-seconds with the bundle, 8.5 with one certificate), a flow run a dozen.
 
-The end-to-end tier shares its servers: one deployed server and worker (`server`, `worker`) and one temporary
-in-process server (`prefect_server`) per test process, each started when a test first asks for it. Each is
-stopped once the next module of its process does not use it (an idle server still takes CPU the other processes
-need: a second or two a minute) and started again for a later one that does: the deployed one on its database.
+The end-to-end tier shares one server per test process: a real Prefect server with the deployments and a worker
+(`server`, `worker`), which the flows a test calls in this process use too (`prefect_server`), started when a
+test first asks for it. It is stopped once the next module of its process does not use it (an idle server still
+takes CPU the other processes need: a second or two a minute) and started again, on its database, for a later
+one that does.
 """
 
 import os
 import re
 import sys
 import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 
 import certifi
@@ -99,22 +99,25 @@ def _a_flow_run_ending_ends_with_its_test():
         launch._stopping.clear()
 
 
-_HARNESS: list[ExitStack] = []  # Prefect's temporary server and the settings that point at it, while it runs
-
-
 @pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory):
-    """Prefect's temporary server for flows called in this process, results stored under a folder of its own
-    (started again where an earlier module's was stopped); yields a fresh folder for the module's outputs."""
-    if not _HARNESS:
-        from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
-        from prefect.testing.utilities import prefect_test_harness
+def prefect_server(server, tmp_path_factory):
+    """The suite's server (`server`) for the flows this module calls in this process, their results stored in a
+    folder of the module's own; yields a fresh folder for the module's outputs. Tests find their runs by id, key
+    or name, never as the only runs on the server."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
-        with ExitStack() as harness:
-            harness.enter_context(prefect_test_harness(server_startup_timeout=180))
-            harness.enter_context(temporary_settings({PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("results")}))
-            _HARNESS.append(harness.pop_all())
-    return tmp_path_factory.mktemp("pipeline")
+    with temporary_settings({PREFECT_API_URL: server.api_url,
+                             PREFECT_LOCAL_STORAGE_PATH: tmp_path_factory.mktemp("results")}):
+        # the settings of threads too, which start without this one's context (a flow a test runs in a thread):
+        # as Prefect's own test harness does
+        with _temporary_global_settings_context(get_settings_context()):
+            yield tmp_path_factory.mktemp("pipeline")
+        # the module's logs and events reach the server before it may be stopped (pytest_runtest_teardown)
+        APILogWorker.drain_all(timeout=60)
+        EventsWorker.drain_all(timeout=60)
 
 
 _SHARED_SERVER = []  # the `server` fixture's, once started
@@ -141,17 +144,10 @@ def pytest_runtest_teardown(item, nextitem):
     yield  # the module's own fixtures end first: runs they started have ended or were given up
     if _SHARED_SERVER and _SHARED_SERVER[0].running and not _next_uses(item, nextitem, "server"):
         _SHARED_SERVER[0].stop()
-    if _HARNESS and not _next_uses(item, nextitem, "prefect_server"):
-        _HARNESS.pop().close()
 
 
 def _next_uses(item, nextitem, fixture: str) -> bool:
     return nextitem is not None and (nextitem.module is item.module or fixture in nextitem.fixturenames)
-
-
-def pytest_sessionfinish(session):
-    while _HARNESS:  # a session that ended early (interrupted, -x) with the temporary server up
-        _HARNESS.pop().close()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The data stages against a real (temporary) Prefect server: inputs are identified by content, outputs are
+"""The data stages against the suite's Prefect server: inputs are identified by content, outputs are
 verified, and a mistyped source fails at once. Only download, tokenize and hellaswag run (no training),
 so the module takes seconds after the server is up. Tests run in file order and share one artifacts root.
 """
@@ -21,10 +21,11 @@ HELLASWAG = REPO / "tests" / "fixtures" / "pipeline" / "hellaswag_mini.jsonl"
 
 @pytest.fixture(scope="module")
 def data_params(prefect_server):
-    """The smoke deployment's parameters, reading a 100-document copy of the corpus that tests edit."""
+    """The smoke deployment's parameters, reading a 100-document copy of the corpus that tests edit, into a
+    dataset of the module's own name (its artifacts' keys are the module's alone on the suite's server)."""
     corpus = prefect_server / "corpus.jsonl"
     corpus.write_text("".join(CORPUS.read_text().splitlines(keepends=True)[:100]))
-    return smoke_params(prefect_server / "data-artifacts", source=str(corpus))
+    return smoke_params(prefect_server / "data-artifacts", source=str(corpus), dataset="data-integrity")
 
 
 def manifest(record) -> dict:
@@ -145,7 +146,7 @@ def test_a_hub_download_records_its_resolved_revision_and_the_files_sha256_and_r
         data_params, monkeypatch):
     """The hub is a replica over HTTP (tests/fixtures/hub_replica.py); the clients and the stage are the real ones."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
     from flows.pipeline import download_flow
     from tests.fixtures.hub_replica import HubReplica, dataset_repo, point_clients_at
@@ -170,6 +171,6 @@ def test_a_hub_download_records_its_resolved_revision_and_the_files_sha256_and_r
 
     assert list(iter_documents(record.path, limit=60)) == texts[:60]
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["download-progress-hub"])))
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["download-progress-hub"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     assert [a.data for a in artifacts] == [100.0]

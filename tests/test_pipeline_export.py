@@ -1,4 +1,4 @@
-"""The export stage against a real (temporary) Prefect server: a Hugging Face directory, cached by content."""
+"""The export stage against the suite's Prefect server: a Hugging Face directory, cached by content."""
 
 from __future__ import annotations
 

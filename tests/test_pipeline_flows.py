@@ -1,4 +1,4 @@
-"""The pipeline's flows against a real (temporary) Prefect server, offline, on the smoke deployment's config.
+"""The pipeline's flows against the suite's Prefect server, offline, on the smoke deployment's config.
 
 One module-scoped server and one smoke run are shared by the tests below, which run in file order:
 each leaves the artifacts valid for the next.

@@ -93,7 +93,7 @@ def test_training_outlasts_a_long_server_outage_and_a_later_cancel_stops_it_and_
 
 
 # ---------------------------------------------------------------------------------------------------------
-# an outage during the data stages' progress updates (a relay in front of the module's temporary server)
+# an outage during the data stages' progress updates (a relay in front of the suite's server)
 
 TOKENIZE_FLOW = "import json, sys; from flows.pipeline import tokenize_flow; tokenize_flow(**json.loads(sys.argv[1]))"
 

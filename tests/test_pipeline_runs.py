@@ -1,4 +1,4 @@
-"""Training runs through the real pipeline (a temporary Prefect server, the smoke deployment's config):
+"""Training runs through the real pipeline (the suite's Prefect server, the smoke deployment's config):
 verified checkpoints, the run directory's owner, starting from existing weights, scheduled evaluation.
 
 One module-scoped server and smoke run are shared; each test leaves the run's final checkpoint valid.
