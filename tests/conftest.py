@@ -142,12 +142,12 @@ def pytest_runtest_setup(item):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     yield  # the module's own fixtures end first: runs they started have ended or were given up
-    if _SHARED_SERVER and _SHARED_SERVER[0].running and not _next_uses(item, nextitem, "server"):
+    if _SHARED_SERVER and _SHARED_SERVER[0].running and not _next_uses_the_server(item, nextitem):
         _SHARED_SERVER[0].stop()
 
 
-def _next_uses(item, nextitem, fixture: str) -> bool:
-    return nextitem is not None and (nextitem.module is item.module or fixture in nextitem.fixturenames)
+def _next_uses_the_server(item, nextitem) -> bool:
+    return nextitem is not None and (nextitem.module is item.module or "server" in nextitem.fixturenames)
 
 
 @pytest.fixture
