@@ -69,6 +69,12 @@ MLP_FC_INPUT_GRAD = {768: _tile(256, 192, False, 1, 2),  # 428 against 448
 ATTN_PROJ = {768: _tile(128, 192, True, 2, 1),  # 112 against 123 and 128
              1024: _tile(192, 128, True, 1, 2),  # forward 101 against 114, input gradient 99 against 116
              1600: _tile(128, 160, True, 1, 2)}  # forward 120 against 131, input gradient 122 against 131
+# The MLP's c_fc forward with GELU in its epilogue (kernels/mlp.py, quack's gemm_act): at 768 quack's own SM90
+# default, within noise of the best at d12 (2026-11-23); at 1600 the fastest of twenty in two calls at d48's shape
+# and strides, 2-3% under that default (2026-11-29, bench/results/2026-11-29/5-gemm-act-tiles-d48-h200; 6400 =
+# 40 x 160, where 192 leaves a ragged 64-wide tile)
+MLP_FC_FORWARD = {768: _tile(128, 192, True, 2, 1),
+                  1600: _tile(128, 160, True, 1, 2)}  # 498 / 514 against 514 / 526 us
 # (c_proj's forward tiles at 768 were measured without their bias, which the epilogue now adds: one (C,) read a tile)
 # At 1600 they were timed against cuBLAS too, at d48's exact strides (2026-11-29, two H200s, bench/results/2026-11-29/
 # 4-gemm-cublas-d48-h200): quack 5-13% faster at the three forward sites, 0-4% at c_proj's input gradient; at
@@ -92,14 +98,19 @@ def _load_quack_gemm() -> Callable | None:
     above were measured there."""
     if quack_capability() != (9, 0):
         return None
-    from quack.gemm_config import GemmConfig
     from quack.gemm_interface import gemm_tuned
 
     def gemm(a, b, out, bias, tile):
-        gemm_tuned.fn(a, b, out, bias=bias, config=GemmConfig(**tile, is_dynamic_persistent=False,
-                                                               device_capacity=9))
+        gemm_tuned.fn(a, b, out, bias=bias, config=gemm_config(tile))
 
     return gemm
+
+
+def gemm_config(tile: dict):
+    """quack's GemmConfig for a pinned tile: SM90's, on the static persistent scheduler the tiles were timed with."""
+    from quack.gemm_config import GemmConfig
+
+    return GemmConfig(**tile, is_dynamic_persistent=False, device_capacity=9)
 
 
 def configure_linear(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",

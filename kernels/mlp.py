@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
-from kernels.linear import (EXACT_STRIDES, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented, compute_copy, in_dtype,
-                            empty_weight_grad, matmul, matmul_out, tile_for, weight_and_bias_grads,
-                            with_ones_column)
+from kernels.linear import (EXACT_STRIDES, MLP_FC_FORWARD, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented,
+                            compute_copy, empty_weight_grad, gemm_config, in_dtype, matmul, matmul_out, tile_for,
+                            weight_and_bias_grads, with_ones_column)
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -80,8 +80,8 @@ def _load_quack() -> QuackGemms | None:
     # backward GEMM: with postact 128 x 192 ping-pong, cluster 1 x 2, 0.69 ms against 0.75 for 128 x 128 (the
     # best while the epilogue also summed dbias) and 0.73 for quack's untuned default (128 x 192, cluster
     # 2 x 1); without postact 192 x 128, cluster 1 x 2, 0.62 ms against 0.64 at 128 x 192 and 0.67 for the
-    # default. For gemm_act the default was within noise of the best (2026-11-23), so it keeps it. A config
-    # is valid at any shape.
+    # default. gemm_act's tile is pinned per width in kernels.linear's MLP_FC_FORWARD. A config is valid at any
+    # shape.
     def pinned(tile_m, tile_n):
         return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=True, cluster_m=1, cluster_n=2,
                           is_dynamic_persistent=False, device_capacity=9)
@@ -163,8 +163,8 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
     if not h.is_cuda:
         y, pre, post = mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
     else:
-        pre, post = _load_quack().gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True,
-                                           tuned=False)  # (N, 4C) each
+        pre, post = _load_quack().gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False,
+                                           config=gemm_config(tile_for(MLP_FC_FORWARD, h.size(1))))  # (N, 4C) each
         y = matmul(post, w_proj.t(), b_proj, tile_for(MLP_PROJ_FORWARD, w_proj.size(0)))  # (N, C)
     return y, pre, post if keep_post else pre.new_empty(0), w_fc, w_proj
 

@@ -157,12 +157,12 @@ def test_only_16_bit_operands_of_one_dtype_go_to_quack():
     assert not linear._suits_quack(a[:, 1:], b[1:], bias)  # not TMA-loadable
 
 
-SITES = ("C_ATTN_FORWARD", "C_ATTN_INPUT_GRAD", "MLP_PROJ_FORWARD", "MLP_FC_INPUT_GRAD", "ATTN_PROJ")
+SITES = ("C_ATTN_FORWARD", "C_ATTN_INPUT_GRAD", "MLP_PROJ_FORWARD", "MLP_FC_INPUT_GRAD", "ATTN_PROJ", "MLP_FC_FORWARD")
 
 
 def test_each_call_site_has_a_tile_at_every_width():
     """Every call site pins d12's tile, which any width without one of its own takes; d24's and d48's widths
-    have their own at every site but c_attn's forward at 1024, where d12's was the fastest."""
+    have their own at every site but c_attn's and c_fc's forwards at 1024, where d12's was the fastest."""
     for site in SITES:
         table = getattr(linear, site)
         assert linear.tile_for(table, 768) is table[768] and linear.tile_for(table, 1280) is table[768]
@@ -172,6 +172,7 @@ def test_each_call_site_has_a_tile_at_every_width():
             assert tile["cluster_m"] * tile["cluster_n"] == 2
     assert linear.tile_for(linear.C_ATTN_FORWARD, 1024) is linear.C_ATTN_FORWARD[768]
     assert linear.tile_for(linear.MLP_PROJ_FORWARD, 1600)["tile_n"] == 160  # 1600 = 10 x 160, no ragged tile
+    assert linear.tile_for(linear.MLP_FC_FORWARD, 1600)["tile_n"] == 160  # 6400 = 40 x 160
 
 
 @pytest.mark.gpu

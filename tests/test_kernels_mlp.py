@@ -107,14 +107,14 @@ def test_ops_pass_opcheck():
 
 
 @pytest.mark.gpu
-def test_gelu_epilogue_on_gpu():
-    """quack's gemm_act and dgelu (its pinned config; where installed) against the fp32 reference,
-    d12's width; the c_fc bias gradient from the ones column included."""
+@pytest.mark.parametrize("C", [768, 1600])
+def test_gelu_epilogue_on_gpu(C):
+    """quack's gemm_act and dgelu (their pinned configs; where installed) against the fp32 reference, at d12's
+    and d48's widths (each its own gemm_act tile); the c_fc bias gradient from the ones column included."""
     name = mlp_op.configure_mlp(torch.bfloat16, "cuda")
     try:
         if name != "quack-gelu-epilogue":
             pytest.skip(f"quack-kernels not installed or not applicable here ({name})")
-        C = 768
         w_fc, b_fc, w_proj, b_proj = (t.float() * 0.1 for t in weights(C, device="cuda"))
         g = torch.Generator(device="cuda").manual_seed(3)
         h = with_ones_column(torch.randn(1000, C, device="cuda", generator=g).bfloat16())  # rows not a multiple of a tile
