@@ -23,6 +23,11 @@ from kernels.compile import register_inductor_fallbacks
 from kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
 
 
+# A branch's two weight matrices already in the compute dtype (`GPT.forward`'s cast_weights), or None for one to
+# be cast where it is used
+BranchCasts = tuple[torch.Tensor | None, torch.Tensor | None]
+
+
 def sdpa_attention(qkv: torch.Tensor, n_head: int) -> torch.Tensor:
     """Causal self-attention through SDPA on the c_attn output: (B, T, 3C) -> (B, T, C)."""
     B, T, C3 = qkv.size()
@@ -58,14 +63,15 @@ def swapped(linear: nn.Linear) -> bool:
     return type(linear) is not nn.Linear
 
 
-def project(layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def project(layer: nn.Linear, x: torch.Tensor, cast_weight: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """layer(x) for the fused path, as (output, the bias whose gradient add_layernorm sums): a plain nn.Linear
     adds its bias in the GEMM, as a constant, and leaves its gradient to the add_layernorm after it, which
-    sums d(residual) anyway (kernels.linear.projection: its weight gradient in fp32); a swapped one runs
-    whole, bias and its gradient included."""
+    sums d(residual) anyway (kernels.linear.projection: its weight gradient in fp32; cast_weight, its weight
+    already in x's dtype, or None to cast it there); a swapped one runs whole, bias and its gradient included."""
     if swapped(layer):
         return layer(x), None
-    return projection(x, layer.weight, layer.bias), layer.bias
+    return projection(x, layer.weight, layer.bias, cast_weight), layer.bias
 
 
 class CausalSelfAttention(nn.Module):
@@ -78,13 +84,17 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(sdpa_attention(self.c_attn(x), self.n_head))
 
-    def fused_branch(self, x: torch.Tensor, packed_attention: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fused_branch(self, x: torch.Tensor, packed_attention: bool, cast_weights: BranchCasts = (None, None)
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path's branch as `project` returns it: with packed_attention, kernels.causal_attention
         (cuDNN forward, FA4 backward into one packed gradient); else SDPA. x carries a column of ones
-        (kernels/linear.py), from which c_attn's bias gradient comes."""
-        qkv = self.c_attn(x) if swapped(self.c_attn) else biased_linear(x, self.c_attn.weight, self.c_attn.bias)
+        (kernels/linear.py), from which c_attn's bias gradient comes. cast_weights: c_attn's and c_proj's
+        weights in x's dtype (`GPT.forward`), or None for each to be cast where it is used."""
+        c_attn_weight, c_proj_weight = cast_weights
+        qkv = (self.c_attn(x) if swapped(self.c_attn) else
+               biased_linear(x, self.c_attn.weight, self.c_attn.bias, c_attn_weight))
         y = causal_attention(qkv, self.n_head) if packed_attention else sdpa_attention(qkv, self.n_head)
-        return project(self.c_proj, y)  # (B, T, C)
+        return project(self.c_proj, y, c_proj_weight)  # (B, T, C)
 
 
 class MLP(nn.Module):
@@ -96,16 +106,16 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(self._hidden(x))
 
-    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None, keep_post: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None, keep_post: bool = False,
+                     cast_weights: BranchCasts = (None, None)) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path's branch as `project` returns it: with a dtype, kernels.fused_mlp (the GELU
         inside quack's matmuls) computing in it, keeping the GELU's output for backward with keep_post;
         else the plain ops, compiled. Swapped linears (FP8) keep their own matmuls, so quack's are not
-        used then."""
+        used then. cast_weights: c_fc's and c_proj's weights in the compute dtype (`GPT.forward`), or None."""
         if gelu_epilogue_dtype is not None and not swapped(self.c_fc):
             return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias,
-                             gelu_epilogue_dtype, keep_post), self.c_proj.bias
-        return project(self.c_proj, self._hidden(x))
+                             gelu_epilogue_dtype, keep_post, cast_weights), self.c_proj.bias
+        return project(self.c_proj, self._hidden(x), cast_weights[1])
 
     def _hidden(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C): GPT-2's tanh GELU
@@ -171,17 +181,30 @@ class GPT(nn.Module):
         """`GPT.from_descriptor("d12")`: llm.c's model descriptors, initialised from `seed`."""
         return cls.create(GPTConfig.from_descriptor(descriptor), seed=seed, **kwargs)
 
+    def matrices(self) -> list[nn.Parameter]:
+        """The weight matrices the fused path casts to the compute dtype in every forward: each block's c_attn,
+        attn.c_proj, c_fc and mlp.c_proj, in that order (`forward`'s cast_weights); none where that path does
+        not run, or runs swapped linears (bench/fp8.py), which cast their own."""
+        layers = [m for block in self.transformer.h for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc,
+                                                                block.mlp.c_proj)]
+        if not self.use_kernels or any(map(swapped, layers)):
+            return []
+        return [layer.weight for layer in layers]
+
     def num_parameters(self) -> int:
         """Parameter count as llm.c reports it: the tied lm_head once, wte with its padding rows."""
         return sum(p.numel() for p in self.parameters())  # parameters() yields a shared tensor once
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True,
+        cast_weights: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, vocab_size) or None, mean cross-entropy or None).
 
         Targets equal to -1 are ignored by the loss. `return_logits=False` lets the training step
-        skip keeping the full logits alive when it only needs the loss.
+        skip keeping the full logits alive when it only needs the loss. `cast_weights`: `matrices()` already
+        in the compute dtype (gpt2.step.CastWeights, once per optimizer step), read by the fused path instead
+        of casting them again; None: it casts them.
         """
         # data-dependent checks (a host sync) stay out of compiled and CUDA graphs
         if not (torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing())):
@@ -191,7 +214,7 @@ class GPT(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         if self.use_kernels:
-            x = self._fused_blocks(x)
+            x = self._fused_blocks(x, cast_weights or [None] * (4 * len(self.transformer.h)))
         else:
             for block in self.transformer.h:
                 x = block(x)
@@ -206,7 +229,7 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
         return (logits if return_logits else None), loss
 
-    def _fused_blocks(self, x: torch.Tensor) -> torch.Tensor:
+    def _fused_blocks(self, x: torch.Tensor, cast_weights: list[torch.Tensor | None]) -> torch.Tensor:
         """The blocks and ln_f through kernels/: each residual add is fused with the LayerNorm after it.
 
         Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
@@ -215,7 +238,7 @@ class GPT(nn.Module):
         do, and the add_layernorm after it gives the bias's gradient (`project`). The LayerNorms before c_attn
         and c_fc write their output with a column of ones beside it, from which those layers' bias gradients
         come (kernels/linear.py).
-        x (B, T, C) is the embedding sum; returns ln_f's output.
+        x (B, T, C) is the embedding sum, cast_weights `forward`'s (None each where unused); returns ln_f's output.
         """
         device = x.device.type
         act_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
@@ -231,10 +254,12 @@ class GPT(nn.Module):
         residual, h = add_layernorm(x.to(act_dtype), None, first.weight, first.bias, first.eps, act_dtype,
                                     ones_column=True)
         for i, (block, ln) in enumerate(zip(blocks, next_ln)):
-            y, proj_bias = block.attn.fused_branch(h, packed_attention)
+            attn_casts, mlp_casts = cast_weights[4 * i:4 * i + 2], cast_weights[4 * i + 2:4 * i + 4]
+            y, proj_bias = block.attn.fused_branch(h, packed_attention, attn_casts)
             residual, h = add_layernorm(residual, y, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps,
                                         act_dtype, bias_in_y=proj_bias, ones_column=True)
-            y, proj_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post)
+            y, proj_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post,
+                                                  cast_weights=mlp_casts)
             residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, bias_in_y=proj_bias,
                                         ones_column=ln is not self.transformer.ln_f)  # ln_f: the classifier's
         return h

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt2.distributed import autocast_context
+from gpt2.distributed import autocast_context, autocast_dtype
 
 
 def forward_backward(
@@ -63,11 +63,14 @@ def forward_backward(
 
 
 def _micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int, device: torch.device,
-                dtype: str, autocast_cache: bool = True, gradients: FlatGradients | None = None) -> torch.Tensor:
+                dtype: str, autocast_cache: bool = True, gradients: FlatGradients | None = None,
+                casts: CastWeights | None = None) -> torch.Tensor:
     """One micro-batch's forward and backward; returns its loss / grad_accum, detached, in fp32. The gradients
-    are added to the parameters' .grad: by autograd, or with `gradients` in one multi-tensor add."""
+    are added to the parameters' .grad: by autograd, or with `gradients` in one multi-tensor add. With `casts`,
+    the forward reads the weights' casts from there."""
+    cast_weights = {"cast_weights": casts.copies} if casts is not None else {}
     with autocast_context(device, dtype, cache=autocast_cache):
-        _, loss = model(x, y, return_logits=False)
+        _, loss = model(x, y, return_logits=False, **cast_weights)
     loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
     if gradients is None:
         loss.backward()
@@ -122,10 +125,31 @@ class FlatGradients:
             dist.all_reduce(self.flat)
 
 
+class CastWeights:
+    """The model's weight matrices (`GPT.matrices`) cast to the compute dtype once per optimizer step, for every
+    micro-step's forward to read (`GPT.forward`'s cast_weights) instead of casting them again: at d48 on an H200
+    those casts took 23.8 ms of a 2.39 s step of 8 micro-steps, and casting once made the step 16.5 ms shorter
+    (docs/benchmarks.md). The copies live at fixed addresses, which a CUDA graph replays. They take the memory
+    that one micro-step's casts held from its forward to its backward (all of them at once where the forward
+    ends): d48's peak in nvidia-smi came out 220 MiB lower."""
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        self.params = model.matrices()
+        self.copies = [torch.empty_like(p, dtype=dtype) for p in self.params]
+
+    @torch.no_grad()  # else each copy would hold its parameter's autograd node (breaking a CUDA graph's capture)
+    def refresh(self) -> None:
+        """The copies made anew from the parameters: the same values as casting them in each forward."""
+        torch._foreach_copy_(self.copies, self.params)
+
+
 class MicroStepGraph:
     """A micro-step's forward and backward captured once as a CUDA graph, then replayed for every
     micro-batch: one launch instead of ~800, so the GPU no longer idles while the CPU issues kernels
     (the CuTe DSL kernels of the gpu extra take tens of microseconds of Python each).
+
+    The weight matrices are cast to the compute dtype at each step's first micro-step, into `CastWeights` that
+    the micro-steps' forwards read (where the model has any: the fused path in a 16-bit dtype).
 
     The first `warmup` micro-steps run eagerly (torch.compile compiles, Triton's kernels build); the next
     is captured, after `before_capture` (gpt2.train: the optimizer's state, made now rather than at the first
@@ -145,17 +169,21 @@ class MicroStepGraph:
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.gradients = FlatGradients(model.parameters())
+        compute_dtype = autocast_dtype(device, dtype)
+        self.casts = CastWeights(model, compute_dtype) if compute_dtype != torch.float32 and model.matrices() else None
         self.static_x = self.static_y = self.static_loss = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, first: bool) -> torch.Tensor:
         """This micro-batch's loss / grad_accum (a device tensor that the next call overwrites)."""
         if first:
             self.gradients.attach_zeroed()
+            if self.casts is not None:
+                self.casts.refresh()
         if self.graph is None and self.eager_steps < self.warmup:
             self.eager_steps += 1
             # contiguous like the static buffers: a compiled model guards on its inputs' strides
             return _micro_step(self.model, x.contiguous(), y.contiguous(), self.grad_accum, self.device, self.dtype,
-                               autocast_cache=False, gradients=self.gradients)
+                               autocast_cache=False, gradients=self.gradients, casts=self.casts)
         if self.graph is None:
             self._capture(x, y)
         self.static_x.copy_(x, non_blocking=True)
@@ -181,7 +209,8 @@ class MicroStepGraph:
             # no autocast cast cache (it would outlive the capture's memory), as in the warm-up: a compiled
             # model guards on autocast's state
             self.static_loss = _micro_step(self.model, self.static_x, self.static_y, self.grad_accum, self.device,
-                                           self.dtype, autocast_cache=False, gradients=self.gradients)
+                                           self.dtype, autocast_cache=False, gradients=self.gradients,
+                                           casts=self.casts)
 
 
 def clip_gradients(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:

@@ -230,31 +230,56 @@ def matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Te
     return a.to(dtype) @ b.to(dtype)
 
 
-def biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                  cast_weight: torch.Tensor | None = None) -> torch.Tensor:
     """h (..., C) in the ones-column layout -> h Wᵀ + b (..., out) in h's dtype (the weights are cast to it,
-    as autocast would: custom ops do not see autocast); the gradients of weight and bias come from one
-    GEMM in weight's dtype."""
+    as autocast would: custom ops do not see autocast; `cast_weight`, weight already in h's dtype, is used
+    instead where the caller has it); the gradients of weight and bias come from one GEMM in weight's dtype."""
     C = h.size(-1)
-    return _biased_linear(h.reshape(-1, C), weight, bias)[0].view(*h.shape[:-1], weight.size(0))
+    y = _biased_linear(h.reshape(-1, C), weight, bias, cast_weight)[0]
+    return y.view(*h.shape[:-1], weight.size(0))
 
 
-def compute_copy(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """weight cast to the compute dtype as an op's output, which its backward keeps rather than casting weight
-    again: always a new tensor (a custom op's output may not alias an input, as weight.to(its own dtype) does)."""
-    return weight.to(dtype, copy=True)
+def compute_copy(weight: torch.Tensor, dtype: torch.dtype, cast: torch.Tensor | None = None) -> torch.Tensor:
+    """weight in the compute dtype for an op's GEMMs: `cast` where the caller passed it (weight already in dtype:
+    gpt2.step.CastWeights casts once per optimizer step what every micro-step's forward would cast again), else
+    weight cast here into a new tensor, which the op returns for its backward to keep rather than casting weight
+    again (a custom op's output may not alias an input, as weight.to(its own dtype) does)."""
+    return weight.to(dtype, copy=True) if cast is None else cast
+
+
+def for_backward(w: torch.Tensor, cast: torch.Tensor | None) -> torch.Tensor:
+    """The op's output that its backward keeps of its compute weight w (`compute_copy`): w where the op cast it,
+    an empty tensor where w is the caller's `cast`, which the backward keeps as an input (`kept_weight`)."""
+    return w if cast is None else w.new_empty(0)
+
+
+def fake_for_backward(weight: torch.Tensor, cast: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """`for_backward`'s output in a fake kernel."""
+    return weight.new_empty(weight.shape if cast is None else (0,), dtype=dtype)
+
+
+def kept_weight(cast: torch.Tensor | None, returned: torch.Tensor) -> torch.Tensor:
+    """The compute weight an op's backward multiplies with: the caller's `cast`, else the one the op returned."""
+    return returned if cast is None else cast
 
 
 @torch.library.custom_op("gpt2_kernels::biased_linear", mutates_args=(), tags=EXACT_STRIDES)
-def _biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward)."""
+def _biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, cast_weight: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward: `for_backward`)."""
     augmented(h)  # fail here, not in backward, on an input without the column
-    w = compute_copy(weight, h.dtype)
-    return matmul(h, w.t(), bias.to(h.dtype), tile_for(C_ATTN_FORWARD, h.size(1))), w
+    w = compute_copy(weight, h.dtype, cast_weight)
+    return matmul(h, w.t(), bias.to(h.dtype), tile_for(C_ATTN_FORWARD, h.size(1))), for_backward(w, cast_weight)
+
+
+def _fake_forward(h, weight, cast_weight):
+    return h.new_empty(h.size(0), weight.size(0)), fake_for_backward(weight, cast_weight, h.dtype)
 
 
 @_biased_linear.register_fake
-def _(h, weight, bias):
-    return h.new_empty(h.size(0), weight.size(0)), weight.new_empty(weight.shape, dtype=h.dtype)
+def _(h, weight, bias, cast_weight):
+    return _fake_forward(h, weight, cast_weight)
 
 
 @torch.library.custom_op("gpt2_kernels::biased_linear_bwd", mutates_args=(), tags=EXACT_STRIDES)
@@ -272,12 +297,13 @@ def _(dy, h, weight, grad_dtype):
 
 
 def _register_autograd(op, backward_op) -> None:
-    """op(h, weight, bias) -> (y, weight's cast): its backward is backward_op(dy, h, the cast, the parameters'
-    dtype), whose gradients are op's first inputs' (the rest, `projection`'s bias, take none)."""
+    """op(h, weight, bias, cast_weight) -> (y, weight's cast or empty: `for_backward`): its backward is
+    backward_op(dy, h, the cast, the parameters' dtype), whose gradients are op's first inputs' (the rest,
+    `projection`'s bias and the cast, take none)."""
 
     def setup_context(ctx, inputs, output):
-        h, weight = inputs[:2]
-        ctx.save_for_backward(h, output[1])
+        h, weight, _, cast_weight = inputs
+        ctx.save_for_backward(h, kept_weight(cast_weight, output[1]))
         ctx.grad_dtype = weight.dtype
         ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(output[1])
@@ -293,26 +319,29 @@ def _register_autograd(op, backward_op) -> None:
 _register_autograd(_biased_linear, _biased_linear_bwd)
 
 
-def projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+               cast_weight: torch.Tensor | None = None) -> torch.Tensor:
     """A branch's c_proj in the fused model: h (..., C) -> h Wᵀ + b (..., out) in h's dtype, the bias added to the
     GEMM's fp32 accumulator before its one rounding (in quack's epilogue), as the plain path and llm.c add it.
     The bias is a constant here (taken detached): its gradient, Σ_rows dy, is the next add_layernorm's to sum
     (its `bias_in_y`), in the pass over d(residual) = dy its backward makes anyway. Weight's gradient comes in
-    weight's dtype, out of the GEMM's fp32 accumulator."""
+    weight's dtype, out of the GEMM's fp32 accumulator; `cast_weight` as for `biased_linear`."""
     C = h.size(-1)
-    return _projection(h.reshape(-1, C), weight, bias.detach())[0].view(*h.shape[:-1], weight.size(0))
+    y = _projection(h.reshape(-1, C), weight, bias.detach(), cast_weight)[0]
+    return y.view(*h.shape[:-1], weight.size(0))
 
 
 @torch.library.custom_op("gpt2_kernels::projection", mutates_args=())
-def _projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward)."""
-    w = compute_copy(weight, h.dtype)
-    return matmul(h, w.t(), bias.to(h.dtype), tile_for(ATTN_PROJ, h.size(1))), w
+def _projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, cast_weight: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward: `for_backward`)."""
+    w = compute_copy(weight, h.dtype, cast_weight)
+    return matmul(h, w.t(), bias.to(h.dtype), tile_for(ATTN_PROJ, h.size(1))), for_backward(w, cast_weight)
 
 
 @_projection.register_fake
-def _(h, weight, bias):
-    return h.new_empty(h.size(0), weight.size(0)), weight.new_empty(weight.shape, dtype=h.dtype)
+def _(h, weight, bias, cast_weight):
+    return _fake_forward(h, weight, cast_weight)
 
 
 @torch.library.custom_op("gpt2_kernels::projection_bwd", mutates_args=())

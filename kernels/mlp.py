@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 from kernels.linear import (EXACT_STRIDES, MLP_FC_FORWARD, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented,
-                            compute_copy, empty_weight_grad, gemm_config, in_dtype, matmul, matmul_out, tile_for,
-                            weight_and_bias_grads, with_ones_column)
+                            compute_copy, empty_weight_grad, fake_for_backward, for_backward, gemm_config, in_dtype,
+                            kept_weight, matmul, matmul_out, tile_for, weight_and_bias_grads, with_ones_column)
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -109,7 +109,7 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     ref_grads = mlp_reference_bwd(dy.float(), h, ref_pre, ref_pre.new_empty(0), w_fc, w_proj)
     pairs = []
     for keep_post in (False, True) if keep_post_bytes else (False,):  # post rebuilt, and kept where configured
-        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, dtype, keep_post)
+        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, dtype, keep_post, None, None)
         grads = _mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, w_fc.dtype)
         pairs += zip((y, *grads[:4]), (ref_y, *ref_grads[:4]))
     err = max_relative_error(pairs)
@@ -133,32 +133,36 @@ def layers_keeping_post(n_layer: int, rows: int, hidden: int, act_dtype: torch.d
 
 
 def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
-        b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool = False) -> torch.Tensor:
+        b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool = False,
+        cast_weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> torch.Tensor:
     """h (..., C) -> c_proj(gelu(c_fc(h))) (..., C) in act_dtype; b_proj=None leaves c_proj's bias out.
     h carries a column of ones (kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
 
     The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
-    do not see autocast), once: the backward keeps the casts. Their gradients come back in fp32, but for
-    b_proj's: added in c_proj's GEMM as a constant (taken detached), its gradient, Σ_rows dy, is the next
-    add_layernorm's to sum (`bias_in_y`), as for kernels.linear.projection. `keep_post`
+    do not see autocast), once: the backward keeps the casts; `cast_weights`, (W_fc, W_proj) already in
+    act_dtype, are used instead where the caller has them (None: that one cast here). Their gradients come
+    back in fp32, but for b_proj's: added in c_proj's GEMM as a constant (taken detached), its gradient,
+    Σ_rows dy, is the next add_layernorm's to sum (`bias_in_y`), as for kernels.linear.projection. `keep_post`
     keeps the GELU's output for backward (its memory, (..., 4C) in act_dtype) instead of having the backward
     GEMM rebuild it."""
     C = h.size(-1)
     b_proj = b_proj.detach() if b_proj is not None else None
-    y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post)[0]
+    y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, *cast_weights)[0]
     return y.view(h.shape)
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
-             b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool
+             b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool, w_fc_c: torch.Tensor | None,
+             w_proj_c: torch.Tensor | None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, and with keep_post its output post (N, 4C),
-    else an empty tensor, then W_fc and W_proj), all in act_dtype; pre, post and the weights are for backward.
-    h carries the ones column."""
+    else an empty tensor, then W_fc and W_proj as kernels.linear.for_backward returns them), all in act_dtype;
+    pre, post and the weights are for backward. h carries the ones column; w_fc_c and w_proj_c: the caller's
+    casts of the weights to act_dtype, or None to cast them here."""
     augmented(h)  # fail here, not in backward, on an input without the column
     h, b_fc = h.to(act_dtype), b_fc.to(act_dtype)
-    w_fc, w_proj = compute_copy(w_fc, act_dtype), compute_copy(w_proj, act_dtype)
+    w_fc, w_proj = compute_copy(w_fc, act_dtype, w_fc_c), compute_copy(w_proj, act_dtype, w_proj_c)
     b_proj = b_proj.to(act_dtype) if b_proj is not None else None
     if not h.is_cuda:
         y, pre, post = mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj)
@@ -166,16 +170,17 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
         pre, post = _load_quack().gemm_act(h, w_fc.t(), bias=b_fc, activation=GELU, store_preact=True, tuned=False,
                                            config=gemm_config(tile_for(MLP_FC_FORWARD, h.size(1))))  # (N, 4C) each
         y = matmul(post, w_proj.t(), b_proj, tile_for(MLP_PROJ_FORWARD, w_proj.size(0)))  # (N, C)
-    return y, pre, post if keep_post else pre.new_empty(0), w_fc, w_proj
+    return (y, pre, post if keep_post else pre.new_empty(0), for_backward(w_fc, w_fc_c),
+            for_backward(w_proj, w_proj_c))
 
 
 @_mlp_fwd.register_fake
-def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post):
+def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, w_fc_c, w_proj_c):
     N, C = h.shape
     hidden = h.new_empty(N, w_fc.size(0), dtype=act_dtype)
     post = torch.empty_like(hidden) if keep_post else hidden.new_empty(0)
-    return (h.new_empty(N, C, dtype=act_dtype), hidden, post, w_fc.new_empty(w_fc.shape, dtype=act_dtype),
-            w_proj.new_empty(w_proj.shape, dtype=act_dtype))
+    return (h.new_empty(N, C, dtype=act_dtype), hidden, post, fake_for_backward(w_fc, w_fc_c, act_dtype),
+            fake_for_backward(w_proj, w_proj_c, act_dtype))
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=(), tags=EXACT_STRIDES)
@@ -215,9 +220,9 @@ def _weight_grads(dy, h, dpre, post, w_fc, dtype):
 
 
 def _setup_context(ctx, inputs, output):
-    h, w_fc, _, _, _, _, _ = inputs
+    h, w_fc, _, _, _, _, _, w_fc_cast, w_proj_cast = inputs
     _, pre, post, w_fc_c, w_proj_c = output
-    ctx.save_for_backward(h, pre, post, w_fc_c, w_proj_c)
+    ctx.save_for_backward(h, pre, post, kept_weight(w_fc_cast, w_fc_c), kept_weight(w_proj_cast, w_proj_c))
     ctx.h_dtype, ctx.grad_dtype = h.dtype, w_fc.dtype
     ctx.mark_non_differentiable(pre, post, w_fc_c, w_proj_c)
 
@@ -225,7 +230,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dy, _dpre, _dpost, _dw_fc, _dw_proj):
     h, pre, post, w_fc, w_proj = ctx.saved_tensors
     dh, dw_fc, db_fc, dw_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.grad_dtype)
-    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, None, None, None  # b_proj: a constant (fused_mlp)
+    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, None, None, None, None, None  # b_proj: a constant (fused_mlp)
 
 
 _mlp_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -89,12 +89,34 @@ def test_weight_and_bias_gradients_come_in_the_weights_dtype():
     assert rel_err(bl.grad, dy.bfloat16().double().sum(0)) < 1e-6
 
 
+@pytest.mark.parametrize("op", ["biased_linear", "projection"])
+def test_a_weight_cast_by_the_caller_is_what_both_passes_multiply_with(op):
+    """With cast_weight (the weight already in h's dtype, gpt2.step.CastWeights) the op casts nothing: the
+    output and the input gradient are those of that cast, bit for bit what the op's own cast gives, and the
+    weight's gradient still reaches the fp32 parameter."""
+    h, dy, w, b = (t.float() for t in leaves(33, 12, 36, seed=5))
+    runs = []
+    for cast in (None, w.bfloat16(), 2 * w.bfloat16()):  # the last one differs from the parameter's cast
+        xl, wl = with_ones_column(h, torch.bfloat16).requires_grad_(), w.clone().requires_grad_()
+        y = getattr(linear, op)(xl, wl, b, cast)
+        y.backward(dy.bfloat16())
+        runs.append((y, xl.grad, wl.grad))
+    for own, given in zip(runs[0], runs[1]):
+        assert torch.equal(own, given)
+    y, dx, dw = runs[2]
+    assert torch.equal(dx, (dy.bfloat16() @ (2 * w.bfloat16())).to(dx.dtype))
+    assert rel_err(y, h.bfloat16().double() @ (2 * w.bfloat16()).double().t() + b.bfloat16().double()) < 1e-2
+    assert dw.dtype == torch.float32 and torch.equal(dw, runs[0][2])  # dyᵀ h: the weight does not enter it
+
+
 def test_ops_pass_opcheck():
     h, dy, w, b = (t.float() for t in leaves(9, 4, 12))
     h = with_ones_column(h)
-    torch.library.opcheck(_biased_linear, (h, w, b), test_utils=OPCHECKS)
+    w_proj = w[:, :4].contiguous()
+    for cast, cast_proj in ((None, None), (w.clone(), w_proj.clone())):  # cast in the op, or by the caller
+        torch.library.opcheck(_biased_linear, (h, w, b, cast), test_utils=OPCHECKS)
+        torch.library.opcheck(_projection, (h, w_proj, b, cast_proj))
     torch.library.opcheck(_biased_linear_bwd, (dy, h, w, torch.float32), test_utils=OPCHECKS)
-    torch.library.opcheck(_projection, (h, w[:, :4].contiguous(), b))
     torch.library.opcheck(_projection_bwd, (dy, h.contiguous(), w[:, :4].contiguous(), torch.float32))
 
 

@@ -91,6 +91,35 @@ def test_the_backward_uses_the_weights_the_forward_cast():
     assert rel_err(x.grad, ref.grad) < 2e-2
 
 
+@pytest.mark.parametrize("keep_post", [False, True])
+def test_weights_cast_by_the_caller_are_what_both_passes_multiply_with(keep_post):
+    """With cast_weights (W_fc and W_proj already in the compute dtype, gpt2.step.CastWeights) the op casts
+    nothing: the same output and gradients, bit for bit, as with its own casts, and casts that differ from the
+    parameters' give that MLP's output and input gradient, while the weights' gradients reach the parameters."""
+    C = 8
+    w_fc, b_fc, w_proj, b_proj = (t.float() for t in weights(C))
+    g = torch.Generator().manual_seed(6)
+    h, dy = torch.randn(13, C, generator=g), torch.randn(13, C, generator=g).bfloat16()
+
+    def run(casts):
+        x = with_ones_column(h, torch.bfloat16).requires_grad_()
+        params = [t.clone().requires_grad_() for t in (w_fc, b_fc, w_proj)]
+        y = mlp_op.fused_mlp(x, *params, b_proj, torch.bfloat16, keep_post, casts)
+        y.backward(dy)
+        return y, x.grad, *(p.grad for p in params)
+
+    own, given = run((None, None)), run((w_fc.bfloat16(), w_proj.bfloat16()))
+    for a, b in zip(own, given):
+        assert torch.equal(a, b)
+    y, dx, dw_fc, _, dw_proj = run((2 * w_fc.bfloat16(), -w_proj.bfloat16()))
+    ref = h.bfloat16().double().requires_grad_()
+    y_ref = plain_mlp(ref, 2 * w_fc.bfloat16().double(), b_fc.bfloat16().double(), -w_proj.bfloat16().double(),
+                      b_proj.bfloat16().double())
+    y_ref.backward(dy.double())
+    assert rel_err(y, y_ref) < 2e-2 and rel_err(dx, ref.grad) < 2e-2
+    assert dw_fc.dtype == dw_proj.dtype == torch.float32
+
+
 def test_ops_pass_opcheck():
     """Fake (meta) implementations agree with the real ones: what torch.compile traces is what runs.
     (opcheck's AOT tests are left out: they clone h, which drops the ones column past its last column.)"""
@@ -98,9 +127,11 @@ def test_ops_pass_opcheck():
     w_fc, b_fc, w_proj, b_proj = (t.float() for t in weights(C))
     h = with_ones_column(torch.randn(9, C))
     for keep_post in (False, True):
-        torch.library.opcheck(mlp_op._mlp_fwd, (h, w_fc, b_fc, w_proj, b_proj, torch.float32, keep_post),
-                              test_utils=OPCHECKS)
-        _, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post)
+        for casts in ((None, None), (w_fc.clone(), w_proj.clone())):  # cast in the op, or by the caller
+            args = (h, w_fc, b_fc, w_proj, b_proj, torch.float32, keep_post, *casts)
+            torch.library.opcheck(mlp_op._mlp_fwd, args, test_utils=OPCHECKS)
+        _, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post,
+                                                         None, None)
         assert post.shape == ((9, 4 * C) if keep_post else (0,))
         torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, post, w_fc_c, w_proj_c, torch.float32),
                               test_utils=OPCHECKS)
@@ -124,7 +155,7 @@ def test_gelu_epilogue_on_gpu(C):
                                              w_fc, w_proj)
         for keep_post in (False, True):  # dgelu rebuilding post, and its variant without postact
             y, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16,
-                                                             keep_post)
+                                                             keep_post, None, None)
             grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, torch.float32)
             assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
             assert post.numel() == 0 or rel_err(post, ref_post) < 1e-2

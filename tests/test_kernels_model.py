@@ -114,6 +114,32 @@ def test_bf16_kernel_path_keeps_a_bf16_residual_stream_and_sums_the_proj_bias_gr
     assert [bias for _, has_y, bias in calls if not has_y] == [None]
 
 
+def test_bf16_kernel_path_reads_the_matrices_cast_by_the_caller():
+    """forward's cast_weights, every block's four matrices already in bf16 (gpt2.step.CastWeights, once per
+    optimizer step): the loss and every gradient bit for bit those of the forward casting them itself, eager and
+    compiled as one graph; and these are what it multiplies with (a cast unlike its parameter moves the loss)."""
+    plain, fused, idx, targets = models_and_batch()
+    assert plain.matrices() == []  # the plain path casts under autocast
+    casts = [p.detach().bfloat16() for p in fused.matrices()]
+    assert len(casts) == 4 * CONFIG.n_layer
+
+    def loss_and_grads(model, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = model(idx, targets, return_logits=False, **kwargs)
+        loss.backward()
+        grads = [p.grad for p in fused.parameters()]
+        fused.zero_grad(set_to_none=True)
+        return [loss.detach(), *grads]
+
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    for model in (fused, compiled):
+        for own, given in zip(loss_and_grads(model), loss_and_grads(model, cast_weights=casts)):
+            assert torch.equal(own, given)
+    own = loss_and_grads(fused)[0]
+    casts[2].mul_(2)  # block 0's c_fc
+    assert loss_and_grads(fused, cast_weights=casts)[0] != own
+
+
 def test_bf16_kernel_path_is_as_close_to_fp32_as_the_bf16_plain_path():
     plain, fused, idx, targets = models_and_batch()
     loss_fp32 = run_bf16(plain, idx, targets, enabled=False)

@@ -8,7 +8,7 @@ import torch
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
-from gpt2.step import MicroStepGraph, clip_gradients, forward_backward, optimizer_step
+from gpt2.step import CastWeights, MicroStepGraph, clip_gradients, forward_backward, optimizer_step
 
 CPU = torch.device("cpu")
 
@@ -90,6 +90,25 @@ def test_cuda_graphs_need_a_cuda_device_and_no_ddp(tmp_path):
     assert run.returncode != 0
     assert "cuda_graphs needs a CUDA device, this run is on the CPU; drop --cuda-graphs" in run.stderr
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_cast_weights_are_the_matrices_as_the_forward_would_cast_them_once_refreshed():
+    """CastWeights holds the fused model's block matrices in bf16, at fixed tensors (a CUDA graph replays their
+    addresses), made anew from the parameters by each refresh (MicroStepGraph: at every step's first micro-step)."""
+    model = GPT.create(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64), seed=3,
+                       use_kernels=True)
+    casts = CastWeights(model, torch.bfloat16)
+    copies = list(casts.copies)
+    for _ in range(2):
+        casts.refresh()
+        assert len(copies) == 8 and all(a is b for a, b in zip(casts.copies, copies))
+        for copy, p in zip(copies, model.matrices()):
+            assert copy.dtype == torch.bfloat16 and torch.equal(copy, p.detach().bfloat16())
+            assert copy.grad_fn is None and not copy.requires_grad  # no autograd graph kept from step to step
+        with torch.no_grad():  # an optimizer step
+            for p in model.matrices():
+                p.add_(0.01)
+    assert CastWeights(tiny_model(), torch.bfloat16).copies == []  # the plain path: autocast casts
 
 
 def graphed_and_eager_runs(use_kernels: bool, steps: int = 3, grad_accum: int = 3):
