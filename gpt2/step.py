@@ -170,7 +170,8 @@ class MicroStepGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.gradients = FlatGradients(model.parameters())
         compute_dtype = autocast_dtype(device, dtype)
-        self.casts = CastWeights(model, compute_dtype) if compute_dtype != torch.float32 and model.matrices() else None
+        casts = CastWeights(model, compute_dtype) if compute_dtype != torch.float32 else None
+        self.casts = casts if casts is not None and casts.params else None  # none: the plain path, autocast casts
         self.static_x = self.static_y = self.static_loss = None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, first: bool) -> torch.Tensor:

@@ -245,7 +245,18 @@ def compute_copy(weight: torch.Tensor, dtype: torch.dtype, cast: torch.Tensor | 
     gpt2.step.CastWeights casts once per optimizer step what every micro-step's forward would cast again), else
     weight cast here into a new tensor, which the op returns for its backward to keep rather than casting weight
     again (a custom op's output may not alias an input, as weight.to(its own dtype) does)."""
-    return weight.to(dtype, copy=True) if cast is None else cast
+    if cast is None:
+        return weight.to(dtype, copy=True)
+    check_cast(weight, dtype, cast)
+    return cast
+
+
+def check_cast(weight: torch.Tensor, dtype: torch.dtype, cast: torch.Tensor) -> None:
+    """A caller's cast must be weight's shape in the compute dtype: another matrix's cast (a list off by one), or
+    one in another dtype, would otherwise reach the GEMMs, as a wrong product or a torch error naming no weight."""
+    if cast.dtype != dtype or cast.shape != weight.shape:
+        raise ValueError(f"cast_weight {tuple(cast.shape)} in {cast.dtype} is not this weight's cast: expected "
+                         f"{tuple(weight.shape)} in {dtype} (gpt2.step.CastWeights casts GPT.matrices() in order)")
 
 
 def for_backward(w: torch.Tensor, cast: torch.Tensor | None) -> torch.Tensor:
@@ -255,7 +266,9 @@ def for_backward(w: torch.Tensor, cast: torch.Tensor | None) -> torch.Tensor:
 
 
 def fake_for_backward(weight: torch.Tensor, cast: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """`for_backward`'s output in a fake kernel."""
+    """`for_backward`'s output in a fake kernel (a compiled model's trace refuses a wrong cast as the op would)."""
+    if cast is not None:
+        check_cast(weight, dtype, cast)
     return weight.new_empty(weight.shape if cast is None else (0,), dtype=dtype)
 
 

@@ -109,6 +109,21 @@ def test_a_weight_cast_by_the_caller_is_what_both_passes_multiply_with(op):
     assert dw.dtype == torch.float32 and torch.equal(dw, runs[0][2])  # dyᵀ h: the weight does not enter it
 
 
+@pytest.mark.parametrize("op", ["biased_linear", "projection"])
+def test_a_cast_of_another_shape_or_dtype_is_refused_naming_the_one_expected(op):
+    """A caller's cast in another dtype, or of another matrix (c_attn's (3C, C) handed to a (C, C) c_proj, say:
+    a cast list off by one), is refused with the shape and dtype expected, in eager and in a compiled model's
+    trace (the fake kernel), rather than multiplied or failing in torch's GEMM without naming the weight."""
+    h, _, w, b = (t.float() for t in leaves(33, 12, 36, seed=7))
+    x = with_ones_column(h, torch.bfloat16)
+    for cast in (w, w[:-1].bfloat16(), w.t().bfloat16()):  # fp32; a row short; transposed
+        with pytest.raises(ValueError, match=r"is not this weight's cast: expected \(36, 12\) in torch.bfloat16"):
+            getattr(linear, op)(x, w, b, cast)
+    compiled = torch.compile(getattr(linear, op), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"is not this weight's cast: expected \(36, 12\) in torch.bfloat16"):
+        compiled(x, w, b, w.t().bfloat16())
+
+
 def test_ops_pass_opcheck():
     h, dy, w, b = (t.float() for t in leaves(9, 4, 12))
     h = with_ones_column(h)

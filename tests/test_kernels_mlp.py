@@ -120,6 +120,17 @@ def test_weights_cast_by_the_caller_are_what_both_passes_multiply_with(keep_post
     assert dw_fc.dtype == dw_proj.dtype == torch.float32
 
 
+def test_casts_of_another_shape_or_dtype_are_refused_naming_the_one_expected():
+    """A caller's casts swapped (W_proj's for W_fc's) or in fp32 are refused with the shape and dtype expected."""
+    C = 8
+    w_fc, b_fc, w_proj, b_proj = (t.float() for t in weights(C))
+    x = with_ones_column(torch.randn(13, C), torch.bfloat16)
+    for casts, expected in (((w_proj.bfloat16(), w_fc.bfloat16()), r"\(32, 8\)"), ((w_fc, w_proj), r"\(32, 8\)"),
+                            ((w_fc.bfloat16(), w_proj), r"\(8, 32\)")):
+        with pytest.raises(ValueError, match=rf"is not this weight's cast: expected {expected} in torch.bfloat16"):
+            mlp_op.fused_mlp(x, w_fc, b_fc, w_proj, b_proj, torch.bfloat16, False, casts)
+
+
 def test_ops_pass_opcheck():
     """Fake (meta) implementations agree with the real ones: what torch.compile traces is what runs.
     (opcheck's AOT tests are left out: they clone h, which drops the ones column past its last column.)"""

@@ -111,6 +111,18 @@ def test_cast_weights_are_the_matrices_as_the_forward_would_cast_them_once_refre
     assert CastWeights(tiny_model(), torch.bfloat16).copies == []  # the plain path: autocast casts
 
 
+def test_micro_step_graph_takes_the_matrices_once(monkeypatch):
+    """MicroStepGraph asks the model for its matrices once, for the casts it keeps (none on the plain path)."""
+    model = GPT.create(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64), seed=3,
+                       use_kernels=True)
+    calls = []
+    matrices = model.matrices
+    monkeypatch.setattr(model, "matrices", lambda: calls.append(1) or matrices())
+    graph = MicroStepGraph(model, 2, CPU, "bfloat16")
+    assert len(calls) == 1 and graph.casts.params == matrices()
+    assert MicroStepGraph(tiny_model(), 2, CPU, "bfloat16").casts is None
+
+
 def graphed_and_eager_runs(use_kernels: bool, steps: int = 3, grad_accum: int = 3):
     """The same model trained `steps` optimizer steps eagerly and through MicroStepGraph (warm-up 2, so
     the capture falls mid-step); yields (eager params, graphed params, eager loss, graphed loss) per step."""
