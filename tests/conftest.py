@@ -29,6 +29,12 @@ from pathlib import Path
 import certifi
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Python keeps each module's bytecode beside it (__pycache__, ignored by git) even where the environment said not
+# to (PYTHONDONTWRITEBYTECODE): the suite starts about 700 Python processes in this tree, its copies and its
+# clones (flow runs, trainings, CLI commands), and each would compile the project's modules again on import
+# (about 0.1 CPU-second for the ~40 a flow run imports). Installed packages have theirs already (setup.sh).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 # A Prefect client with no API to talk to starts Prefect's temporary server (a subprocess, about 15 CPU-seconds,
 # that fails the test where it takes longer than its start-up timeout to answer, as on a loaded machine). No
 # test wants one: a test's flows run against the suite's server (`prefect_server`), and a test of a stage

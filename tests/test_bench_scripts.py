@@ -72,9 +72,9 @@ def test_run_pipeline_gpu_runs_end_to_end_in_one_command(clone):  # noqa: F811
     port = free_port()
     seeded_home(clone / "artifacts/gpu-run/prefect")  # the script's PREFECT_HOME, its database already made
     env = environ_without_prefect_settings()
-    # scheduled scans every 30 s, not the CPU mode's 15: a few while the pipeline trains, not seven flow runs
+    # scheduled scans every 60 s, not the CPU mode's 15: two or three while the pipeline trains, not seven flow runs
     env.update(PREFECT_PORT=str(port), PREFECT_WORKER_QUERY_SECONDS="1", STEPS=str(STEPS), ALONE_STEPS=str(ALONE_STEPS),
-               SKIP="1", EVAL_INTERVAL="30")
+               SKIP="1", EVAL_INTERVAL="60")
     result = subprocess.run(["bash", "-c", "MODE=cpu-tiny bash bench/run_pipeline_gpu.sh"], cwd=clone, env=env,
                             capture_output=True, text=True, timeout=540)
     logs = clone / "artifacts/gpu-run/logs"
