@@ -63,15 +63,16 @@ def swapped(linear: nn.Linear) -> bool:
     return type(linear) is not nn.Linear
 
 
-def project(layer: nn.Linear, x: torch.Tensor, cast_weight: torch.Tensor | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def project(layer: nn.Linear, x: torch.Tensor, cast_weight: torch.Tensor | None = None,
+            weight_grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """layer(x) for the fused path, as (output, the bias whose gradient add_layernorm sums): a plain nn.Linear
     adds its bias in the GEMM, as a constant, and leaves its gradient to the add_layernorm after it, which
     sums d(residual) anyway (kernels.linear.projection: its weight gradient in fp32; cast_weight, its weight
-    already in x's dtype, or None to cast it there); a swapped one runs whole, bias and its gradient included."""
+    already in x's dtype, or None to cast it there; weight_grad, a buffer the weight's gradient is added into, or
+    None); a swapped one runs whole, bias and its gradient included (GPT.projections() is empty then)."""
     if swapped(layer):
         return layer(x), None
-    return projection(x, layer.weight, layer.bias, cast_weight), layer.bias
+    return projection(x, layer.weight, layer.bias, cast_weight, weight_grad), layer.bias
 
 
 class CausalSelfAttention(nn.Module):
@@ -84,17 +85,18 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.c_proj(sdpa_attention(self.c_attn(x), self.n_head))
 
-    def fused_branch(self, x: torch.Tensor, packed_attention: bool, cast_weights: BranchCasts = (None, None)
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fused_branch(self, x: torch.Tensor, packed_attention: bool, cast_weights: BranchCasts = (None, None),
+                     proj_weight_grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path's branch as `project` returns it: with packed_attention, kernels.causal_attention
         (cuDNN forward, FA4 backward into one packed gradient); else SDPA. x carries a column of ones
         (kernels/linear.py), from which c_attn's bias gradient comes. cast_weights: c_attn's and c_proj's
-        weights in x's dtype (`GPT.forward`), or None for each to be cast where it is used."""
+        weights in x's dtype (`GPT.forward`), or None for each to be cast where it is used; proj_weight_grad: the
+        buffer c_proj's weight gradient is added into (`GPT.forward`'s weight_grads), or None."""
         c_attn_weight, c_proj_weight = cast_weights
         qkv = (self.c_attn(x) if swapped(self.c_attn) else
                biased_linear(x, self.c_attn.weight, self.c_attn.bias, c_attn_weight))
         y = causal_attention(qkv, self.n_head) if packed_attention else sdpa_attention(qkv, self.n_head)
-        return project(self.c_proj, y, c_proj_weight)  # (B, T, C)
+        return project(self.c_proj, y, c_proj_weight, proj_weight_grad)  # (B, T, C)
 
 
 class MLP(nn.Module):
@@ -107,15 +109,17 @@ class MLP(nn.Module):
         return self.c_proj(self._hidden(x))
 
     def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None, keep_post: bool = False,
-                     cast_weights: BranchCasts = (None, None)) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     cast_weights: BranchCasts = (None, None), proj_weight_grad: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The fused path's branch as `project` returns it: with a dtype, kernels.fused_mlp (the GELU
         inside quack's matmuls) computing in it, keeping the GELU's output for backward with keep_post;
         else the plain ops, compiled. Swapped linears (FP8) keep their own matmuls, so quack's are not
-        used then. cast_weights: c_fc's and c_proj's weights in the compute dtype (`GPT.forward`), or None."""
+        used then. cast_weights: c_fc's and c_proj's weights in the compute dtype (`GPT.forward`), or None;
+        proj_weight_grad: the buffer c_proj's weight gradient is added into (`GPT.forward`), or None."""
         if gelu_epilogue_dtype is not None and not swapped(self.c_fc):
             return fused_mlp(x, self.c_fc.weight, self.c_fc.bias, self.c_proj.weight, self.c_proj.bias,
-                             gelu_epilogue_dtype, keep_post, cast_weights), self.c_proj.bias
-        return project(self.c_proj, self._hidden(x), cast_weights[1])
+                             gelu_epilogue_dtype, keep_post, cast_weights, proj_weight_grad), self.c_proj.bias
+        return project(self.c_proj, self._hidden(x), cast_weights[1], proj_weight_grad)
 
     def _hidden(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(self.c_fc(x), approximate="tanh")  # (B, T, 4C): GPT-2's tanh GELU
@@ -185,11 +189,19 @@ class GPT(nn.Module):
         """The weight matrices the fused path casts to the compute dtype in every forward: each block's c_attn,
         attn.c_proj, c_fc and mlp.c_proj, in that order (`forward`'s cast_weights); none where that path does
         not run, or runs swapped linears (bench/fp8.py), which cast their own."""
+        return [layer.weight for layer in self._fused_linears()]
+
+    def projections(self) -> list[nn.Parameter]:
+        """The weights whose gradient the fused path adds into a caller's buffer in their weight-gradient GEMM
+        (`forward`'s weight_grads): each block's attn.c_proj and mlp.c_proj, whose dW is a dense product; c_attn's
+        and c_fc's come with their bias's as [dW | db] (kernels/linear.py). None where `matrices` has none."""
+        return [layer.weight for layer in self._fused_linears()[1::2]]
+
+    def _fused_linears(self) -> list[nn.Linear]:
+        """`matrices`' layers: each block's c_attn, attn.c_proj, c_fc, mlp.c_proj, or none."""
         layers = [m for block in self.transformer.h for m in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc,
                                                                 block.mlp.c_proj)]
-        if not self.use_kernels or any(map(swapped, layers)):
-            return []
-        return [layer.weight for layer in layers]
+        return [] if not self.use_kernels or any(map(swapped, layers)) else layers
 
     def num_parameters(self) -> int:
         """Parameter count as llm.c reports it: the tied lm_head once, wte with its padding rows."""
@@ -197,14 +209,16 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None, return_logits: bool = True,
-        cast_weights: list[torch.Tensor] | None = None,
+        cast_weights: list[torch.Tensor] | None = None, weight_grads: list[torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits (B, T, vocab_size) or None, mean cross-entropy or None).
 
         Targets equal to -1 are ignored by the loss. `return_logits=False` lets the training step
         skip keeping the full logits alive when it only needs the loss. `cast_weights`: `matrices()` already
         in the compute dtype (gpt2.step.CastWeights, once per optimizer step), read by the fused path instead
-        of casting them again; None: it casts them.
+        of casting them again; None: it casts them. `weight_grads`: buffers for `projections()`' gradients
+        (gpt2.step.FlatGradients' views), which the backward adds those gradients into, giving autograd none for
+        them; None: autograd gets them.
         """
         # data-dependent checks (a host sync) stay out of compiled and CUDA graphs
         if not (torch.compiler.is_compiling() or (idx.is_cuda and torch.cuda.is_current_stream_capturing())):
@@ -214,7 +228,8 @@ class GPT(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         if self.use_kernels:
-            x = self._fused_blocks(x, cast_weights or [None] * (4 * len(self.transformer.h)))
+            n_layer = len(self.transformer.h)
+            x = self._fused_blocks(x, cast_weights or [None] * (4 * n_layer), weight_grads or [None] * (2 * n_layer))
         else:
             for block in self.transformer.h:
                 x = block(x)
@@ -229,7 +244,8 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.reshape(B * T, V), targets.reshape(B * T), ignore_index=-1)
         return (logits if return_logits else None), loss
 
-    def _fused_blocks(self, x: torch.Tensor, cast_weights: list[torch.Tensor | None]) -> torch.Tensor:
+    def _fused_blocks(self, x: torch.Tensor, cast_weights: list[torch.Tensor | None],
+                      weight_grads: list[torch.Tensor | None]) -> torch.Tensor:
         """The blocks and ln_f through kernels/: each residual add is fused with the LayerNorm after it.
 
         Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
@@ -238,7 +254,8 @@ class GPT(nn.Module):
         do, and the add_layernorm after it gives the bias's gradient (`project`). The LayerNorms before c_attn
         and c_fc write their output with a column of ones beside it, from which those layers' bias gradients
         come (kernels/linear.py).
-        x (B, T, C) is the embedding sum, cast_weights `forward`'s (None each where unused); returns ln_f's output.
+        x (B, T, C) is the embedding sum, cast_weights and weight_grads `forward`'s (None each where unused);
+        returns ln_f's output.
         """
         device = x.device.type
         act_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
@@ -255,11 +272,11 @@ class GPT(nn.Module):
                                     ones_column=True)
         for i, (block, ln) in enumerate(zip(blocks, next_ln)):
             attn_casts, mlp_casts = cast_weights[4 * i:4 * i + 2], cast_weights[4 * i + 2:4 * i + 4]
-            y, proj_bias = block.attn.fused_branch(h, packed_attention, attn_casts)
+            y, proj_bias = block.attn.fused_branch(h, packed_attention, attn_casts, weight_grads[2 * i])
             residual, h = add_layernorm(residual, y, block.ln_2.weight, block.ln_2.bias, block.ln_2.eps,
                                         act_dtype, bias_in_y=proj_bias, ones_column=True)
             y, proj_bias = block.mlp.fused_branch(h, gelu_epilogue_dtype, keep_post=i < keeping_post,
-                                                  cast_weights=mlp_casts)
+                                                  cast_weights=mlp_casts, proj_weight_grad=weight_grads[2 * i + 1])
             residual, h = add_layernorm(residual, y, ln.weight, ln.bias, ln.eps, act_dtype, bias_in_y=proj_bias,
                                         ones_column=ln is not self.transformer.ln_f)  # ln_f: the classifier's
         return h

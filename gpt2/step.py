@@ -66,16 +66,20 @@ def _micro_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: 
                 dtype: str, autocast_cache: bool = True, gradients: FlatGradients | None = None,
                 casts: CastWeights | None = None) -> torch.Tensor:
     """One micro-batch's forward and backward; returns its loss / grad_accum, detached, in fp32. The gradients
-    are added to the parameters' .grad: by autograd, or with `gradients` in one multi-tensor add. With `casts`,
-    the forward reads the weights' casts from there."""
-    cast_weights = {"cast_weights": casts.copies} if casts is not None else {}
+    are added to the parameters' .grad: by autograd, or with `gradients` by the weight-gradient GEMMs of the
+    model's projections and for the rest in one multi-tensor add. With `casts`, the forward reads the weights'
+    casts from there."""
+    kwargs = {"cast_weights": casts.copies} if casts is not None else {}
+    if gradients is not None:
+        kwargs["weight_grads"] = gradients.gemm_views
     with autocast_context(device, dtype, cache=autocast_cache):
-        _, loss = model(x, y, return_logits=False, **cast_weights)
+        _, loss = model(x, y, return_logits=False, **kwargs)
     loss = loss / grad_accum  # the sum over micro-steps is the mean over the whole batch
     if gradients is None:
         loss.backward()
     else:
-        gradients.accumulate(torch.autograd.grad(loss, gradients.params, allow_unused=True, materialize_grads=True))
+        gradients.accumulate(torch.autograd.grad(loss, gradients.autograd_params, allow_unused=True,
+                                                 materialize_grads=True))
     return loss.detach().float()
 
 
@@ -83,9 +87,14 @@ class FlatGradients:
     """Every trainable parameter's .grad as a view into one flat buffer, handed back to the parameters (zeroed)
     at each step's first micro-step: backward then adds into fixed addresses, which a CUDA graph replays, and
     averaging over ranks is one all-reduce of the buffer, as DDP's gradient_as_bucket_view with a single
-    bucket (DDP's own all-reduce runs from autograd hooks, which a replayed graph does not call)."""
+    bucket (DDP's own all-reduce runs from autograd hooks, which a replayed graph does not call).
 
-    def __init__(self, params: Iterable[torch.Tensor]):
+    The gradients of `in_gemm` (`GPT.projections()`) are added into their views by their weight-gradient GEMMs
+    (`gemm_views`, the model's weight_grads: cuBLAS's beta = 1, as llm.c accumulates), the others' by `accumulate`:
+    the same sums, bit for bit on CUDA, with 39% of d48's gradients no longer written, read back and added apart (its
+    step 14 ms shorter on an H200, docs/benchmarks.md)."""
+
+    def __init__(self, params: Iterable[torch.Tensor], in_gemm: Iterable[torch.Tensor] = ()):
         self.params = [p for p in params if p.requires_grad]
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) != 1:
@@ -95,6 +104,14 @@ class FlatGradients:
         for p in self.params:
             self.views.append(self.flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+        view_of = {id(p): view for p, view in zip(self.params, self.views)}
+        in_gemm = list(in_gemm)
+        if missing := [tuple(p.shape) for p in in_gemm if id(p) not in view_of]:
+            raise ValueError(f"FlatGradients: in_gemm parameters {missing} are none of its trainable parameters")
+        self.gemm_views = [view_of[id(p)] for p in in_gemm]
+        added_in_gemm = set(map(id, in_gemm))
+        self.autograd_params = [p for p in self.params if id(p) not in added_in_gemm]
+        self._autograd_views = [view for p, view in zip(self.params, self.views) if id(p) not in added_in_gemm]
 
     def attach_zeroed(self) -> None:
         """Zeroes the buffer and makes the views the parameters' gradients again (optimizer_step drops them)."""
@@ -103,13 +120,13 @@ class FlatGradients:
             p.grad = g
 
     def accumulate(self, grads: Iterable[torch.Tensor]) -> None:
-        """Adds one micro-step's gradients (in `params` order) into the buffer: one multi-tensor add where
+        """Adds one micro-step's gradients (in `autograd_params` order) into the buffer: one multi-tensor add where
         autograd would launch one kernel per parameter (d12's ~150 took 0.63 ms a micro-step on an H200; the
         bytes they move take about 0.35 ms at its memory bandwidth). The sums are the same, bit for bit.
         Gradients laid out unlike their parameter (c_attn's and c_fc's dW, rows C + 8 apart as their GEMM
         writes them: kernels.linear.weight_and_bias_grads) are added one by one: a multi-tensor add takes
         only lists whose pairs share strides, else it adds every pair on its own."""
-        pairs = list(zip(self.views, grads, strict=True))
+        pairs = list(zip(self._autograd_views, grads, strict=True))
         alike = [(view, grad) for view, grad in pairs if view.stride() == grad.stride()]
         if alike:  # a multi-tensor add refuses empty lists
             torch._foreach_add_([view for view, _ in alike], [grad for _, grad in alike])
@@ -168,7 +185,7 @@ class MicroStepGraph:
         self.before_capture = before_capture
         self.eager_steps = 0
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.gradients = FlatGradients(model.parameters())
+        self.gradients = FlatGradients(model.parameters(), in_gemm=model.projections())
         compute_dtype = autocast_dtype(device, dtype)
         casts = CastWeights(model, compute_dtype) if compute_dtype != torch.float32 else None
         self.casts = casts if casts is not None and casts.params else None  # none: the plain path, autocast casts

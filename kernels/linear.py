@@ -20,7 +20,9 @@ and 0.05 ms more at c_fc's (0.49 ms); docs/benchmarks.md has the measurements.
 that do not get h from add_layernorm.
 
 `projection` is attention's c_proj: its bias goes into the GEMM's epilogue, its bias gradient comes from the
-add_layernorm after it (`bias_in_y`), which sums d(residual) anyway.
+add_layernorm after it (`bias_in_y`), which sums d(residual) anyway. Given the weight's gradient buffer
+(`weight_grad`: gpt2.step.FlatGradients' view), its weight-gradient GEMM adds into it (`weight_gradient`), as llm.c
+accumulates its gradients; c_attn's and c_fc's cannot, their [dW | db] product being rows C + 8 apart.
 
 `matmul` is the block's forward and input-gradient GEMM (c_attn, attention's c_proj through `projection`,
 the MLP's c_proj and c_fc in kernels/mlp.py): on a Hopper GPU with the `gpu` extra, quack's GEMM at a tile
@@ -230,6 +232,32 @@ def matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Te
     return a.to(dtype) @ b.to(dtype)
 
 
+def accumulate_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out += a @ b, the product in out's dtype, never rounded to a's first (as `matmul_out`): on CUDA the GEMM adds
+    it to what out holds (cuBLAS's beta = 1), so no product is written to memory and read back by a separate add.
+    On an H200 at d48's c_proj weight-gradient shapes that is the same bits as `matmul_out`'s product added after,
+    in about the time of the GEMM alone (113 against 119 µs, 436 against 456; docs/benchmarks.md). On the CPU the same
+    values in out's dtype, through BLAS's beta = 1, which may add the product in parts (the bits can differ)."""
+    if a.is_cuda and a.dtype != out.dtype:
+        torch.addmm(out, a, b, out_dtype=out.dtype, out=out)
+    else:
+        out.addmm_(a.to(out.dtype), b.to(out.dtype))
+
+
+def weight_gradient(dy: torch.Tensor, h: torch.Tensor, dtype: torch.dtype, into: torch.Tensor | None) -> torch.Tensor:
+    """A linear layer's dW = dyᵀ h in dtype (`matmul_out`); with `into` (the parameter's gradient, in dtype) added
+    into it by the GEMM (`accumulate_matmul`) instead, and an empty tensor returned."""
+    if into is None:
+        return matmul_out(dy.t(), h, dtype)
+    accumulate_matmul(dy.t(), h, into)
+    return into.new_empty(0)
+
+
+def fake_weight_gradient(weight: torch.Tensor, dtype: torch.dtype, into: torch.Tensor | None) -> torch.Tensor:
+    """`weight_gradient`'s output in a fake kernel."""
+    return weight.new_empty(weight.shape if into is None else (0,), dtype=dtype)
+
+
 def biased_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                   cast_weight: torch.Tensor | None = None) -> torch.Tensor:
     """h (..., C) in the ones-column layout -> h Wᵀ + b (..., out) in h's dtype (the weights are cast to it,
@@ -310,20 +338,26 @@ def _(dy, h, weight, grad_dtype):
 
 
 def _register_autograd(op, backward_op) -> None:
-    """op(h, weight, bias, cast_weight) -> (y, weight's cast or empty: `for_backward`): its backward is
-    backward_op(dy, h, the cast, the parameters' dtype), whose gradients are op's first inputs' (the rest,
-    `projection`'s bias and the cast, take none)."""
+    """op(h, weight, bias, cast_weight[, weight_grad]) -> (y, weight's cast or empty: `for_backward`): its backward
+    is backward_op(dy, h, the cast, the parameters' dtype[, weight_grad]), whose gradients are op's first inputs'
+    (the rest, `projection`'s bias, the cast and weight_grad, take none). Where weight_grad is given, backward_op
+    adds weight's gradient into it (`weight_gradient`), and none goes back to autograd."""
 
     def setup_context(ctx, inputs, output):
-        h, weight, _, cast_weight = inputs
+        h, weight, _, cast_weight, *weight_grad = inputs
         ctx.save_for_backward(h, kept_weight(cast_weight, output[1]))
+        # on ctx, not saved: the other parameters' gradients are views of the same buffer, and their adds move the
+        # version counter all its views share, which a saved tensor's check would take for a change to this one
+        ctx.weight_grad = weight_grad
         ctx.grad_dtype = weight.dtype
         ctx.n_inputs = len(inputs)
         ctx.mark_non_differentiable(output[1])
 
     def backward(ctx, dy, _dw):
         h, w = ctx.saved_tensors
-        grads = backward_op(dy.contiguous(), h, w, ctx.grad_dtype)
+        grads = backward_op(dy.contiguous(), h, w, ctx.grad_dtype, *ctx.weight_grad)
+        if ctx.weight_grad and ctx.weight_grad[0] is not None:  # dW went into weight_grad
+            grads = (grads[0], None)
         return *grads, *(None,) * (ctx.n_inputs - len(grads))
 
     op.register_autograd(backward, setup_context=setup_context)
@@ -333,41 +367,45 @@ _register_autograd(_biased_linear, _biased_linear_bwd)
 
 
 def projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-               cast_weight: torch.Tensor | None = None) -> torch.Tensor:
+               cast_weight: torch.Tensor | None = None, weight_grad: torch.Tensor | None = None) -> torch.Tensor:
     """A branch's c_proj in the fused model: h (..., C) -> h Wᵀ + b (..., out) in h's dtype, the bias added to the
     GEMM's fp32 accumulator before its one rounding (in quack's epilogue), as the plain path and llm.c add it.
     The bias is a constant here (taken detached): its gradient, Σ_rows dy, is the next add_layernorm's to sum
     (its `bias_in_y`), in the pass over d(residual) = dy its backward makes anyway. Weight's gradient comes in
-    weight's dtype, out of the GEMM's fp32 accumulator; `cast_weight` as for `biased_linear`."""
+    weight's dtype, out of the GEMM's fp32 accumulator; `cast_weight` as for `biased_linear`. With `weight_grad`
+    (weight's shape and dtype: the gradient buffer's view), the backward's GEMM adds weight's gradient into it and
+    autograd gets none for weight."""
     C = h.size(-1)
-    y = _projection(h.reshape(-1, C), weight, bias.detach(), cast_weight)[0]
+    y = _projection(h.reshape(-1, C), weight, bias.detach(), cast_weight, weight_grad)[0]
     return y.view(*h.shape[:-1], weight.size(0))
 
 
 @torch.library.custom_op("gpt2_kernels::projection", mutates_args=())
-def _projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, cast_weight: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward: `for_backward`)."""
+def _projection(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, cast_weight: torch.Tensor | None,
+                weight_grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (h Wᵀ + b (N, out) in h's dtype, W in h's dtype for the backward: `for_backward`). weight_grad is the
+    backward's (`projection`)."""
     w = compute_copy(weight, h.dtype, cast_weight)
     return matmul(h, w.t(), bias.to(h.dtype), tile_for(ATTN_PROJ, h.size(1))), for_backward(w, cast_weight)
 
 
 @_projection.register_fake
-def _(h, weight, bias, cast_weight):
+def _(h, weight, bias, cast_weight, weight_grad):
     return _fake_forward(h, weight, cast_weight)
 
 
-@torch.library.custom_op("gpt2_kernels::projection_bwd", mutates_args=())
-def _projection_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight in the compute dtype -> (dh (N, C) in h's dtype, dW in grad_dtype, the parameter's)."""
+@torch.library.custom_op("gpt2_kernels::projection_bwd", mutates_args=("weight_grad",))
+def _projection_bwd(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, grad_dtype: torch.dtype,
+                    weight_grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight in the compute dtype -> (dh (N, C) in h's dtype, dW in grad_dtype, the parameter's, or with weight_grad
+    dW added into it and an empty tensor: `weight_gradient`)."""
     return (matmul(dy, weight.to(dy.dtype), None, tile_for(ATTN_PROJ, weight.size(1))),
-            matmul_out(dy.t(), h, grad_dtype))
+            weight_gradient(dy, h, grad_dtype, weight_grad))
 
 
 @_projection_bwd.register_fake
-def _(dy, h, weight, grad_dtype):
-    return h.new_empty(h.shape), weight.new_empty(weight.shape, dtype=grad_dtype)
+def _(dy, h, weight, grad_dtype, weight_grad):
+    return h.new_empty(h.shape), fake_weight_gradient(weight, grad_dtype, weight_grad)
 
 
 _register_autograd(_projection, _projection_bwd)

@@ -5,7 +5,8 @@
     backward:  dpre, post = (dy @ W_proj) ∘ gelu'(pre), gelu(pre)   one GEMM, reading pre in its epilogue
                                                            (dgelu); with post kept, it writes dpre alone
                dW_proj = dyᵀ post;  [dW_fc | db_fc] = dpreᵀ [h | 1];  dh = dpre W_fc
-                                                           cuBLAS, weight grads out in fp32
+                                                           cuBLAS, weight grads out in fp32 (dW_proj
+                                                           added into the gradient buffer where given)
 
 Inductor runs the GELU as separate passes over the (B·T, 4C) activations: forward reads pre and writes
 post, backward writes dpost from the matmul and reads it back with pre. Inside the GEMMs those passes
@@ -35,8 +36,9 @@ import torch.nn.functional as F
 
 from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 from kernels.linear import (EXACT_STRIDES, MLP_FC_FORWARD, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented,
-                            compute_copy, empty_weight_grad, fake_for_backward, for_backward, gemm_config, in_dtype,
-                            kept_weight, matmul, matmul_out, tile_for, weight_and_bias_grads, with_ones_column)
+                            compute_copy, empty_weight_grad, fake_for_backward, fake_weight_gradient, for_backward,
+                            gemm_config, in_dtype, kept_weight, matmul, tile_for, weight_and_bias_grads,
+                            weight_gradient, with_ones_column)
 
 GELU = "gelu_tanh_approx"  # quack's name for GPT-2's GELU, F.gelu(approximate="tanh")
 
@@ -109,8 +111,8 @@ def configure_mlp(dtype: torch.dtype = torch.bfloat16, device: torch.device | st
     ref_grads = mlp_reference_bwd(dy.float(), h, ref_pre, ref_pre.new_empty(0), w_fc, w_proj)
     pairs = []
     for keep_post in (False, True) if keep_post_bytes else (False,):  # post rebuilt, and kept where configured
-        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, dtype, keep_post, None, None)
-        grads = _mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, w_fc.dtype)
+        y, pre, post, w_fc_c, w_proj_c = _mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, dtype, keep_post, None, None, None)
+        grads = _mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, w_fc.dtype, None)
         pairs += zip((y, *grads[:4]), (ref_y, *ref_grads[:4]))
     err = max_relative_error(pairs)
     if err > CHECK_TOLERANCE:
@@ -134,7 +136,8 @@ def layers_keeping_post(n_layer: int, rows: int, hidden: int, act_dtype: torch.d
 
 def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
         b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool = False,
-        cast_weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> torch.Tensor:
+        cast_weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+        proj_weight_grad: torch.Tensor | None = None) -> torch.Tensor:
     """h (..., C) -> c_proj(gelu(c_fc(h))) (..., C) in act_dtype; b_proj=None leaves c_proj's bias out.
     h carries a column of ones (kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
 
@@ -144,22 +147,24 @@ def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: t
     back in fp32, but for b_proj's: added in c_proj's GEMM as a constant (taken detached), its gradient,
     Σ_rows dy, is the next add_layernorm's to sum (`bias_in_y`), as for kernels.linear.projection. `keep_post`
     keeps the GELU's output for backward (its memory, (..., 4C) in act_dtype) instead of having the backward
-    GEMM rebuild it."""
+    GEMM rebuild it. With `proj_weight_grad` (W_proj's shape in fp32: the gradient buffer's view), the backward's
+    dW_proj GEMM adds into it and autograd gets none for W_proj (kernels.linear.weight_gradient)."""
     C = h.size(-1)
     b_proj = b_proj.detach() if b_proj is not None else None
-    y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, *cast_weights)[0]
+    y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, *cast_weights,
+                 proj_weight_grad)[0]
     return y.view(h.shape)
 
 
 @torch.library.custom_op("gpt2_kernels::mlp_fwd", mutates_args=(), tags=EXACT_STRIDES)
 def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: torch.Tensor,
              b_proj: torch.Tensor | None, act_dtype: torch.dtype, keep_post: bool, w_fc_c: torch.Tensor | None,
-             w_proj_c: torch.Tensor | None
+             w_proj_c: torch.Tensor | None, w_proj_grad: torch.Tensor | None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, and with keep_post its output post (N, 4C),
     else an empty tensor, then W_fc and W_proj as kernels.linear.for_backward returns them), all in act_dtype;
     pre, post and the weights are for backward. h carries the ones column; w_fc_c and w_proj_c: the caller's
-    casts of the weights to act_dtype, or None to cast them here."""
+    casts of the weights to act_dtype, or None to cast them here; w_proj_grad is the backward's (`fused_mlp`)."""
     augmented(h)  # fail here, not in backward, on an input without the column
     h, b_fc = h.to(act_dtype), b_fc.to(act_dtype)
     w_fc, w_proj = compute_copy(w_fc, act_dtype, w_fc_c), compute_copy(w_proj, act_dtype, w_proj_c)
@@ -175,7 +180,7 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
 
 
 @_mlp_fwd.register_fake
-def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, w_fc_c, w_proj_c):
+def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, w_fc_c, w_proj_c, w_proj_grad):
     N, C = h.shape
     hidden = h.new_empty(N, w_fc.size(0), dtype=act_dtype)
     post = torch.empty_like(hidden) if keep_post else hidden.new_empty(0)
@@ -183,15 +188,16 @@ def _(h, w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, w_fc_c, w_proj_c):
             fake_for_backward(w_proj, w_proj_c, act_dtype))
 
 
-@torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=(), tags=EXACT_STRIDES)
+@torch.library.custom_op("gpt2_kernels::mlp_bwd", mutates_args=("w_proj_grad",), tags=EXACT_STRIDES)
 def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.Tensor, w_fc: torch.Tensor,
-             w_proj: torch.Tensor, grad_dtype: torch.dtype
+             w_proj: torch.Tensor, grad_dtype: torch.dtype, w_proj_grad: torch.Tensor | None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj in grad_dtype, the parameters'). The weights in the
-    compute dtype (the forward's casts); post: the forward's (N, 4C), or empty to have it rebuilt from pre."""
+    """-> (dh (N, C) in pre's dtype; dW_fc, db_fc, dW_proj in grad_dtype, the parameters'; with w_proj_grad, dW_proj
+    is added into it and comes back empty). The weights in the compute dtype (the forward's casts); post: the
+    forward's (N, 4C), or empty to have it rebuilt from pre."""
     dtype = pre.dtype
     if not dy.is_cuda:
-        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype)
+        return mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype, w_proj_grad)
     quack = _load_quack()
     dy, h = dy.to(dtype), in_dtype(h, dtype)  # w_fc and w_proj come in dtype: the forward's casts
     if post.numel():  # (N, 4C)
@@ -201,36 +207,39 @@ def _mlp_bwd(dy: torch.Tensor, h: torch.Tensor, pre: torch.Tensor, post: torch.T
         out = quack.dgelu(dy, w_proj, pre, out={"D": torch.empty_like(pre), "postact": torch.empty_like(pre)},
                           config=quack.dgelu_config, dynamic_scheduler=True)
         post = out["postact"]
-    return _weight_grads(dy, h, out["D"], post, w_fc, grad_dtype)
+    return _weight_grads(dy, h, out["D"], post, w_fc, grad_dtype, w_proj_grad)
 
 
 @_mlp_bwd.register_fake
-def _(dy, h, pre, post, w_fc, w_proj, grad_dtype):
+def _(dy, h, pre, post, w_fc, w_proj, grad_dtype, w_proj_grad):
     return (h.new_empty(h.shape, dtype=pre.dtype), empty_weight_grad(w_fc, grad_dtype),
-            w_fc.new_empty(w_fc.size(0), dtype=grad_dtype), w_proj.new_empty(w_proj.shape, dtype=grad_dtype))
+            w_fc.new_empty(w_fc.size(0), dtype=grad_dtype), fake_weight_gradient(w_proj, grad_dtype, w_proj_grad))
 
 
-def _weight_grads(dy, h, dpre, post, w_fc, dtype):
+def _weight_grads(dy, h, dpre, post, w_fc, dtype, w_proj_grad):
     """The matmul gradients shared by the quack path and the reference; c_fc's bias gradient from the dW_fc
     GEMM, through h's column of ones. dtype: the parameters' (fp32 in training), which the weight gradients
-    come out in."""
+    come out in; dW_proj added into w_proj_grad where given."""
     dh = matmul(dpre, w_fc.to(dpre.dtype), None, tile_for(MLP_FC_INPUT_GRAD, w_fc.size(1)))  # (N, C)
-    dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)
-    return dh, dw_fc, db_fc, matmul_out(dy.t(), post, dtype)  # dW_fc as the GEMM left it (weight_and_bias_grads)
+    dw_fc, db_fc = weight_and_bias_grads(dpre, h, dtype)  # dW_fc as the GEMM left it
+    return dh, dw_fc, db_fc, weight_gradient(dy, post, dtype, w_proj_grad)
 
 
 def _setup_context(ctx, inputs, output):
-    h, w_fc, _, _, _, _, _, w_fc_cast, w_proj_cast = inputs
+    h, w_fc, _, _, _, _, _, w_fc_cast, w_proj_cast, w_proj_grad = inputs
     _, pre, post, w_fc_c, w_proj_c = output
     ctx.save_for_backward(h, pre, post, kept_weight(w_fc_cast, w_fc_c), kept_weight(w_proj_cast, w_proj_c))
+    ctx.w_proj_grad = w_proj_grad  # on ctx, not saved: a view of the gradient buffer (as in kernels/linear.py)
     ctx.h_dtype, ctx.grad_dtype = h.dtype, w_fc.dtype
     ctx.mark_non_differentiable(pre, post, w_fc_c, w_proj_c)
 
 
 def _backward(ctx, dy, _dpre, _dpost, _dw_fc, _dw_proj):
     h, pre, post, w_fc, w_proj = ctx.saved_tensors
-    dh, dw_fc, db_fc, dw_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.grad_dtype)
-    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, None, None, None, None, None  # b_proj: a constant (fused_mlp)
+    dh, dw_fc, db_fc, dw_proj = _mlp_bwd(dy.contiguous(), h, pre, post, w_fc, w_proj, ctx.grad_dtype,
+                                         ctx.w_proj_grad)
+    dw_proj = dw_proj if ctx.w_proj_grad is None else None  # else added into w_proj_grad
+    return dh.to(ctx.h_dtype), dw_fc, db_fc, dw_proj, None, None, None, None, None, None  # b_proj: a constant
 
 
 _mlp_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -243,10 +252,10 @@ def mlp_reference_fwd(h, w_fc, b_fc, w_proj, b_proj):
     return F.linear(post, w_proj.to(h.dtype), b_proj.to(h.dtype) if b_proj is not None else None), pre, post
 
 
-def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype=None):
+def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype=None, w_proj_grad=None):
     """The op's backward in plain PyTorch: GELU's derivative written out, then `_weight_grads`; post is
     the forward's, or empty to rebuild it from pre as the backward GEMM does. h carries the ones column; the
-    gradients come in grad_dtype (default: the weights')."""
+    gradients come in grad_dtype (default: the weights'), dW_proj added into w_proj_grad where given."""
     dpost = dy.to(pre.dtype) @ w_proj.to(pre.dtype)  # (N, 4C)
     x = pre.to(torch.promote_types(pre.dtype, torch.float32))  # bf16 math in fp32, fp64 tests in fp64
     inner = 0.7978845608028654 * (x + 0.044715 * x**3)  # √(2/π)(x + 0.044715x³)
@@ -255,4 +264,5 @@ def mlp_reference_bwd(dy, h, pre, post, w_fc, w_proj, grad_dtype=None):
     dpre = (dpost.to(x.dtype) * dgelu).to(pre.dtype)
     if not post.numel():
         post = (0.5 * x * (1 + t)).to(pre.dtype)
-    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, grad_dtype or w_fc.dtype)
+    return _weight_grads(dy.to(pre.dtype), in_dtype(h, pre.dtype), dpre, post, w_fc, grad_dtype or w_fc.dtype,
+                         w_proj_grad)

@@ -38,10 +38,11 @@ def test_fake_kernels_lay_out_the_weight_gradient_as_the_real_ones(C, out):
     torch.library.opcheck(_biased_linear_bwd, (dy, h, w, torch.float32), test_utils=OPCHECKS)
     w_fc, w_proj = torch.randn(4 * C, C, generator=g), torch.randn(C, 4 * C, generator=g)
     pre = torch.randn(9, 4 * C, generator=g)
-    dw_fc = mlp_op._mlp_bwd(torch.randn(9, C, generator=g), h, pre, pre.new_empty(0), w_fc, w_proj, torch.float32)[1]
+    dw_fc = mlp_op._mlp_bwd(torch.randn(9, C, generator=g), h, pre, pre.new_empty(0), w_fc, w_proj, torch.float32,
+                            None)[1]
     assert dw_fc.stride() == (C + ONES_COLUMNS, 1)
     torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C, generator=g), h, pre, pre.new_empty(0), w_fc, w_proj,
-                                            torch.float32), test_utils=OPCHECKS)
+                                            torch.float32, None), test_utils=OPCHECKS)
 
 
 def test_flat_gradients_add_gradients_of_either_layout():

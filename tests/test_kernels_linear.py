@@ -124,15 +124,68 @@ def test_a_cast_of_another_shape_or_dtype_is_refused_naming_the_one_expected(op)
         compiled(x, w, b, w.t().bfloat16())
 
 
+@pytest.mark.parametrize("N, C, out", [(7, 5, 15), (1, 3, 9), (130, 64, 8)])
+def test_projection_adds_its_weight_gradient_into_a_given_buffer(N, C, out):
+    """With weight_grad (a view of the gradient buffer, gpt2.step.FlatGradients'), c_proj's weight-gradient GEMM
+    adds dW into it and autograd gets none for the weight; the output and input gradient are the same bits. Two
+    views of one buffer added into in one backward: eager autograd checks a saved tensor's version, which a
+    buffer's views share, so each add would have refused the other view had the ops saved them."""
+    h, dy, w, b = leaves(N, C, out)
+    w2 = torch.randn(out, out, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def run(weight_grads):
+        x, wl, w2l = h.clone().requires_grad_(), w.clone().requires_grad_(), w2.clone().requires_grad_()
+        y = linear.projection(linear.projection(x, wl, b, None, weight_grads[0]), w2l, b, None, weight_grads[1])
+        y.backward(dy)
+        return y, x.grad, wl.grad, w2l.grad
+
+    flat = torch.randn(out * C + out * out + 3, dtype=torch.float64)  # what earlier micro-steps added, then a tail
+    before = flat.clone()
+    views = flat[:out * C].view(out, C), flat[out * C:out * C + out * out].view(out, out)
+    y, dx, dw, dw2 = run((None, None))
+    y_into, dx_into, *none = run(views)
+    assert torch.equal(y, y_into) and torch.equal(dx, dx_into) and none == [None, None]
+    assert rel_err(views[0], before[:out * C].view(out, C) + dw) < 1e-12
+    assert rel_err(views[1], before[out * C:-3].view(out, out) + dw2) < 1e-12
+    assert torch.equal(flat[-3:], before[-3:])
+    torch.library.opcheck(_projection, (h, w, b, None, views[0].clone()))
+    torch.library.opcheck(_projection_bwd, (dy, h, w, torch.float64, views[0].clone()))
+
+
+def test_projection_adds_its_fp32_weight_gradient_from_bf16_activations():
+    """Training's case: bf16 activations, the fp32 buffer; the product added in fp32, never rounded to bf16."""
+    h, dy, w, b = (t.float() for t in leaves(256, 32, 16, seed=3))
+    into = torch.randn(16, 32)
+    want = into.double() + dy.bfloat16().double().t() @ h.bfloat16().double()
+    linear.projection(h.bfloat16(), w.clone().requires_grad_(), b, None, into).backward(dy.bfloat16())
+    assert rel_err(into, want) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, K, N", [(40, 1000, 24), (1600, 16384, 1600), (1600, 16384, 6400), (768, 8192, 3072)])
+def test_accumulate_matmul_is_the_product_added_after_bit_for_bit(M, K, N):
+    """On CUDA the GEMM adds the bf16 product's fp32 accumulator into the buffer (cuBLAS's beta = 1): the same bits
+    as writing the product in fp32 (`matmul_out`, what the op returned before) and adding it to the buffer after,
+    into a view of a larger buffer, the rest untouched (c_proj's weight-gradient shapes at d48 and d12, and odd)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(K, M, device="cuda", generator=g).bfloat16().t()  # dyᵀ: a transposed view, as the op passes
+    b = torch.randn(K, N, device="cuda", generator=g).bfloat16()
+    flat = torch.randn(M * N + 8, device="cuda", generator=g)
+    want = flat.clone()
+    want[4:4 + M * N].view(M, N).add_(linear.matmul_out(a, b, torch.float32))
+    linear.accumulate_matmul(a, b, flat[4:4 + M * N].view(M, N))
+    assert torch.equal(flat, want)
+
+
 def test_ops_pass_opcheck():
     h, dy, w, b = (t.float() for t in leaves(9, 4, 12))
     h = with_ones_column(h)
     w_proj = w[:, :4].contiguous()
     for cast, cast_proj in ((None, None), (w.clone(), w_proj.clone())):  # cast in the op, or by the caller
         torch.library.opcheck(_biased_linear, (h, w, b, cast), test_utils=OPCHECKS)
-        torch.library.opcheck(_projection, (h, w_proj, b, cast_proj))
+        torch.library.opcheck(_projection, (h, w_proj, b, cast_proj, None))
     torch.library.opcheck(_biased_linear_bwd, (dy, h, w, torch.float32), test_utils=OPCHECKS)
-    torch.library.opcheck(_projection_bwd, (dy, h.contiguous(), w[:, :4].contiguous(), torch.float32))
+    torch.library.opcheck(_projection_bwd, (dy, h.contiguous(), w[:, :4].contiguous(), torch.float32, None))
 
 
 def test_an_input_without_the_column_is_refused_in_forward():

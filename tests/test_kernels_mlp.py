@@ -131,6 +131,36 @@ def test_casts_of_another_shape_or_dtype_are_refused_naming_the_one_expected():
             mlp_op.fused_mlp(x, w_fc, b_fc, w_proj, b_proj, torch.bfloat16, False, casts)
 
 
+@pytest.mark.parametrize("keep_post", [False, True])
+def test_c_proj_weight_gradient_is_added_into_a_given_buffer(keep_post):
+    """With proj_weight_grad (a view of the gradient buffer, gpt2.step.FlatGradients'), dW_proj's GEMM adds into it
+    and autograd gets none for W_proj; the output and every other gradient are the same bits as without."""
+    C, N = 6, 11
+    w_fc, b_fc, w_proj, b_proj = weights(C, seed=8)
+    g = torch.Generator().manual_seed(9)
+    h, dy = torch.randn(N, C, dtype=torch.float64, generator=g), torch.randn(N, C, dtype=torch.float64, generator=g)
+
+    def run(into):
+        x = with_ones_column(h).requires_grad_()
+        params = [t.clone().requires_grad_() for t in (w_fc, b_fc, w_proj)]
+        y = mlp_op.fused_mlp(x, *params, b_proj, torch.float64, keep_post, proj_weight_grad=into)
+        y.backward(dy)
+        return y, x.grad, *(p.grad for p in params)
+
+    flat = torch.randn(C * 4 * C + 5, dtype=torch.float64)  # what earlier micro-steps added, then a tail
+    before = flat.clone()
+    into = flat[:C * 4 * C].view(C, 4 * C)
+    *own, dw_proj = run(None)
+    *given, none = run(into)
+    assert none is None and all(torch.equal(a, b) for a, b in zip(own, given))
+    assert rel_err(into, before[:-5].view(C, 4 * C) + dw_proj) < 1e-12 and torch.equal(flat[-5:], before[-5:])
+    h1 = with_ones_column(h)
+    _, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h1, w_fc, b_fc, w_proj, None, torch.float64, keep_post, None, None,
+                                                     None)
+    torch.library.opcheck(mlp_op._mlp_bwd, (dy, h1, pre, post, w_fc_c, w_proj_c, torch.float64, into.clone()),
+                          test_utils=OPCHECKS)
+
+
 def test_ops_pass_opcheck():
     """Fake (meta) implementations agree with the real ones: what torch.compile traces is what runs.
     (opcheck's AOT tests are left out: they clone h, which drops the ones column past its last column.)"""
@@ -139,13 +169,13 @@ def test_ops_pass_opcheck():
     h = with_ones_column(torch.randn(9, C))
     for keep_post in (False, True):
         for casts in ((None, None), (w_fc.clone(), w_proj.clone())):  # cast in the op, or by the caller
-            args = (h, w_fc, b_fc, w_proj, b_proj, torch.float32, keep_post, *casts)
+            args = (h, w_fc, b_fc, w_proj, b_proj, torch.float32, keep_post, *casts, None)
             torch.library.opcheck(mlp_op._mlp_fwd, args, test_utils=OPCHECKS)
         _, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, None, torch.float32, keep_post,
-                                                         None, None)
+                                                         None, None, None)
         assert post.shape == ((9, 4 * C) if keep_post else (0,))
-        torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, post, w_fc_c, w_proj_c, torch.float32),
-                              test_utils=OPCHECKS)
+        torch.library.opcheck(mlp_op._mlp_bwd, (torch.randn(9, C), h, pre, post, w_fc_c, w_proj_c, torch.float32,
+                                                None), test_utils=OPCHECKS)
 
 
 @pytest.mark.gpu
@@ -166,8 +196,8 @@ def test_gelu_epilogue_on_gpu(C):
                                              w_fc, w_proj)
         for keep_post in (False, True):  # dgelu rebuilding post, and its variant without postact
             y, pre, post, w_fc_c, w_proj_c = mlp_op._mlp_fwd(h, w_fc, b_fc, w_proj, b_proj, torch.bfloat16,
-                                                             keep_post, None, None)
-            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, torch.float32)
+                                                             keep_post, None, None, None)
+            grads = mlp_op._mlp_bwd(dy, h, pre, post, w_fc_c, w_proj_c, torch.float32, None)
             assert rel_err(y, ref_y) < 1e-2 and rel_err(pre, ref_pre) < 1e-2
             assert post.numel() == 0 or rel_err(post, ref_post) < 1e-2
             for a, b in zip(grads, ref_grads):

@@ -8,7 +8,9 @@ import torch
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
-from gpt2.step import CastWeights, MicroStepGraph, clip_gradients, forward_backward, optimizer_step
+from gpt2.step import (CastWeights, FlatGradients, MicroStepGraph, clip_gradients, forward_backward,
+                       optimizer_step)
+from tests.fixtures.numerics import rel_err
 
 CPU = torch.device("cpu")
 
@@ -121,6 +123,44 @@ def test_micro_step_graph_takes_the_matrices_once(monkeypatch):
     graph = MicroStepGraph(model, 2, CPU, "bfloat16")
     assert len(calls) == 1 and graph.casts.params == matrices()
     assert MicroStepGraph(tiny_model(), 2, CPU, "bfloat16").casts is None
+
+
+def test_flat_gradients_leave_the_projections_to_their_gemms():
+    """FlatGradients hands the views of `in_gemm` to the model (gemm_views, in that order) and adds the others'."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape, generator=g)) for shape in ((6, 5), (6,), (3, 7), (11,))]
+    flat = FlatGradients(params, in_gemm=[params[2], params[0]])
+    flat.attach_zeroed()
+    assert [v.data_ptr() for v in flat.gemm_views] == [params[2].grad.data_ptr(), params[0].grad.data_ptr()]
+    assert flat.autograd_params == [params[1], params[3]]
+    grads = [torch.randn(6, generator=g), torch.randn(11, generator=g)]
+    flat.accumulate(grads)
+    assert torch.equal(params[1].grad, grads[0]) and torch.equal(params[3].grad, grads[1])
+    assert not params[0].grad.any() and not params[2].grad.any()
+    with pytest.raises(ValueError, match=r"in_gemm parameters \[\(2, 2\)\] are none of its trainable parameters"):
+        FlatGradients(params, in_gemm=[torch.nn.Parameter(torch.zeros(2, 2))])
+
+
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_micro_steps_adding_the_projections_gradients_in_their_gemms_sum_what_autograd_does(backend):
+    """The fused model's micro-steps through MicroStepGraph's FlatGradients (its eager micro-steps: on a CPU it never
+    captures), attn.c_proj's and mlp.c_proj's gradients added by their GEMMs, against autograd's .grad sums (the
+    model's forward without weight_grads), at an odd width; compiled too (AOTAutograd functionalizes the adds)."""
+    config = GPTConfig(n_layer=2, n_head=3, n_embd=36, block_size=16, vocab_size=64)
+    models = [GPT.create(config, seed=3, use_kernels=True) for _ in range(2)]
+    runs = [torch.compile(m, backend=backend, fullgraph=True) if backend else m for m in models]
+    graph = MicroStepGraph(runs[1], 3, CPU, "float32", warmup=100)
+    assert len(graph.gradients.gemm_views) == 4
+    for step in range(2):  # the second step starts from zeroed views again
+        micro = [batch(seed=10 * step + i, T=13) for i in range(3)]
+        losses = [forward_backward(run, micro, 3, CPU, "float32", step_graph)
+                  for run, step_graph in zip(runs, (None, graph))]
+        assert torch.equal(*losses)
+        for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+            # fp32 on the CPU: BLAS may add a product into the buffer in parts (on CUDA: the same bits, tested below)
+            assert rel_err(b.grad, a.grad) < 1e-6, name
+        for m in models:
+            m.zero_grad(set_to_none=True)
 
 
 def graphed_and_eager_runs(use_kernels: bool, steps: int = 3, grad_accum: int = 3):
