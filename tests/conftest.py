@@ -30,7 +30,7 @@ import certifi
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Python keeps each module's bytecode beside it (__pycache__, ignored by git) even where the environment said not
-# to (PYTHONDONTWRITEBYTECODE): the suite starts about 700 Python processes in this tree, its copies and its
+# to (PYTHONDONTWRITEBYTECODE): the suite starts about 750 Python processes in this tree, its copies and its
 # clones (flow runs, trainings, CLI commands), and each would compile the project's modules again on import
 # (about 0.1 CPU-second for the ~40 a flow run imports). Installed packages have theirs already (setup.sh).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -14,7 +14,7 @@ from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from kernels import add_layernorm, with_ones_column
 from kernels.attention import configure_sdpa
-from tests.fixtures.numerics import rel_err
+from tests.fixtures.numerics import rel_err, without_triton
 
 CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=101, padded_vocab_size=128)
 
@@ -183,11 +183,7 @@ def test_bf16_kernel_path_moves_with_a_tiny_proj_bias_as_fp32_does():
 def test_reference_fallback_matches_plain_path(monkeypatch):
     """Machines without Triton run the ops' PyTorch references: the same results, through the same
     custom-op contract (for one, outputs may not alias each other, which fp32 makes easy to break)."""
-    import kernels.cross_entropy
-    import kernels.layernorm
-
-    for module in (kernels.cross_entropy, kernels.layernorm):
-        monkeypatch.setattr(module, "use_triton", lambda t: False)
+    without_triton(monkeypatch)
     plain, fused, idx, targets = models_and_batch()
     plain(idx, targets, return_logits=False)[1].backward()
     fused(idx, targets, return_logits=False)[1].backward()

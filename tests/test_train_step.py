@@ -10,7 +10,7 @@ from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.step import (CastWeights, FlatGradients, MicroStepGraph, clip_gradients, forward_backward,
                        optimizer_step)
-from tests.fixtures.numerics import rel_err
+from tests.fixtures.numerics import rel_err, without_triton
 
 CPU = torch.device("cpu")
 
@@ -148,11 +148,7 @@ def test_micro_steps_adding_the_projections_gradients_in_their_gemms_sum_what_au
     model's forward without weight_grads), at an odd width; compiled too (AOTAutograd functionalizes the adds).
     LayerNorm and the loss run their PyTorch references, not Triton's interpreter: they are not under test here,
     and the interpreter took most of the test's two minutes of CPU."""
-    import kernels.cross_entropy
-    import kernels.layernorm
-
-    for module in (kernels.cross_entropy, kernels.layernorm):
-        monkeypatch.setattr(module, "use_triton", lambda t: False)
+    without_triton(monkeypatch)
     config = GPTConfig(n_layer=2, n_head=3, n_embd=36, block_size=16, vocab_size=64)
     models = [GPT.create(config, seed=3, use_kernels=True) for _ in range(2)]
     runs = [torch.compile(m, backend=backend, fullgraph=True) if backend else m for m in models]
