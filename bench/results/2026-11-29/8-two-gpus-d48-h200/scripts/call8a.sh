@@ -1,0 +1,10 @@
+# call 8a (2 x H200): the gpu extra's first wheels part to /tmp (.whl/r/1 carried; call 8b, made at once, carries
+#   the second); the machine, its versions and how its GPUs are linked; a tmpfs for the shards and runs; llm.c
+#   (.exp/llmc carried) built in the background, in a session of its own so that it runs on into call 8b
+cp -r .whl/r/1 /tmp/w1; mkdir -p /mnt/ram && mount -t tmpfs -o size=100g tmpfs /mnt/ram
+cp -r .exp/llmc /tmp/llmc-src  # built from /tmp: the tree's ignored paths may change under a build that outlasts the call
+setsid nohup python3 -m bench.peer_llmc --source /tmp/llmc-src --build-only --out /tmp/llmc_build_only.json > /tmp/llmc_build_console.txt 2>&1 < /dev/null &
+{ date -u; nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used --format=csv
+  nvidia-smi topo -m; python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+  nvcc --version | tail -2; python3 --version; nproc; env | grep -E "NVLS|MULTICAST" | sort; } > $OUT/call8a_machine.txt 2>&1
+cat $OUT/call8a_machine.txt
