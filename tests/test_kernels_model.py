@@ -48,8 +48,11 @@ def test_kernel_path_matches_plain_path():
 
 def test_kernel_path_keeping_post_matches_plain_path(monkeypatch):
     """With a memory budget for it (kernels.mlp.configure_mlp's keep_post_bytes), every MLP of the tiny model
-    holds its (B·T, 4C) GELU output for backward, one more such tensor a layer, and the result is unchanged."""
+    holds its (B·T, 4C) GELU output for backward, one more such tensor a layer, and the result is unchanged.
+    LayerNorm and the loss run their PyTorch references: the MLP's budget is under test, not Triton's kernels."""
     import kernels.mlp
+
+    without_triton(monkeypatch)
 
     def saved_hidden_tensors(model: GPT, idx, targets) -> int:
         shapes = []
@@ -96,8 +99,10 @@ def run_bf16(model: GPT, idx: torch.Tensor, targets: torch.Tensor, enabled: bool
 
 def test_bf16_kernel_path_keeps_a_bf16_residual_stream_and_sums_the_proj_bias_gradients(monkeypatch):
     """Every fused add+LayerNorm gets the residual stream in bf16 and the branch's c_proj bias, to sum its
-    gradient."""
+    gradient (what the op is handed, so its PyTorch reference runs: the kernels' own tests cover the kernel)."""
     import gpt2.model
+
+    without_triton(monkeypatch)
 
     calls = []
 
@@ -114,10 +119,13 @@ def test_bf16_kernel_path_keeps_a_bf16_residual_stream_and_sums_the_proj_bias_gr
     assert [bias for _, has_y, bias in calls if not has_y] == [None]
 
 
-def test_bf16_kernel_path_reads_the_matrices_cast_by_the_caller():
+def test_bf16_kernel_path_reads_the_matrices_cast_by_the_caller(monkeypatch):
     """forward's cast_weights, every block's four matrices already in bf16 (gpt2.step.CastWeights, once per
     optimizer step): the loss and every gradient bit for bit those of the forward casting them itself, eager and
-    compiled as one graph; and these are what it multiplies with (a cast unlike its parameter moves the loss)."""
+    compiled as one graph; and these are what it multiplies with (a cast unlike its parameter moves the loss).
+    LayerNorm and the loss run their PyTorch references: the casts, not Triton's interpreter (five passes of it
+    were 20 of this test's 21 CPU-seconds), are under test."""
+    without_triton(monkeypatch)
     plain, fused, idx, targets = models_and_batch()
     assert plain.matrices() == []  # the plain path casts under autocast
     casts = [p.detach().bfloat16() for p in fused.matrices()]
