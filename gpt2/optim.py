@@ -204,7 +204,7 @@ def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
     """The whole optimizer state on rank 0 (None on other ranks), for a checkpoint.
 
     Under ZeRO-1 every rank holds one shard, so this is a collective: call it on every rank. The
-    result loads into an optimizer of the same kind and world size with `load_state_dict` on every
+    result loads into an optimizer of the same kind and world size with `load_full_state_dict` on every
     rank (each keeps its own shard).
     """
     # a ZeRO-1 optimizer exists only where configure_optimizer imported torch.distributed.optim; elsewhere the
@@ -214,6 +214,21 @@ def full_state_dict(optimizer: torch.optim.Optimizer) -> dict | None:
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if optimizer.global_rank == 0 else None
     return optimizer.state_dict()
+
+
+def load_full_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict) -> None:
+    """Loads `full_state_dict`'s result, on every rank (under ZeRO-1 each rank keeps its own shard).
+
+    Each AdamW step count goes to its parameter's device: a fused AdamW kernel (MasterWeightAdamW's, or torch's
+    with fused=True on CUDA) takes it there, and torch's ZeroRedundancyOptimizer loads every zero-dimensional
+    tensor of the state onto the CPU (a ZeRO-1 run resumed on two H200s stopped at its first update: "state_steps
+    is on cpu, different from other tensors on cuda:0")."""
+    optimizer.load_state_dict(state_dict)
+    local = getattr(optimizer, "optim", optimizer)  # ZeRO-1's: the optimizer of this rank's shard
+    if local.defaults.get("fused"):
+        for param, state in local.state.items():
+            if torch.is_tensor(step := state.get("step")) and step.device != param.device:
+                state["step"] = step.to(param.device)
 
 
 def lr_at(

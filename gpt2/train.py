@@ -38,7 +38,7 @@ from gpt2.distributed import (
 from gpt2.guard import OutlierGuard
 from gpt2.metrics import MetricsLogger, flops_per_token, peak_flops
 from gpt2.model import GPT
-from gpt2.optim import configure_optimizer, full_state_dict, lr_at
+from gpt2.optim import configure_optimizer, full_state_dict, load_full_state_dict, lr_at
 from common.paths import PathOutsideRoot
 from gpt2.run_dir import RunDir, RunDirLocked
 from gpt2.sample import sample_text
@@ -175,7 +175,7 @@ def _build_run(config: TrainConfig, model_config: GPTConfig, ctx: DistContext, u
                 f"checkpoint step {state['step']} in {config.out_dir} was written by {state['world_size']} ranks, "
                 f"this run has {world}; data-loader positions are per rank, so resume with the same world size"
             )
-        optimizer.load_state_dict(state["optimizer"])
+        load_full_state_dict(optimizer, state["optimizer"])
         guard.load_state_dict(state["guard"])
         train_loader.load_state_dict(state["loader"][rank])
         ckpt.restore_rng_state(state["rng"][rank])

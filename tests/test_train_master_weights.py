@@ -340,7 +340,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gpt2.config import GPTConfig
 from gpt2.distributed import setup, teardown
 from gpt2.model import GPT
-from gpt2.optim import configure_optimizer, full_state_dict
+from gpt2.optim import configure_optimizer, full_state_dict, load_full_state_dict
 from tests.fixtures.train.threads import baseline_thread_count, thread_count
 
 threads_before = baseline_thread_count()
@@ -371,7 +371,7 @@ def main():  # in a function, as gpt2.train: nothing that holds the process grou
 
     resumed, resumed_ddp, resumed_optimizer = build()
     resumed.load_state_dict(saved)
-    resumed_optimizer.load_state_dict(box[0])
+    load_full_state_dict(resumed_optimizer, box[0])
     train(resumed_ddp, resumed_optimizer, range(2, 4))
 
     inner = optimizer.optim if zero1 else optimizer

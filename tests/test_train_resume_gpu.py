@@ -37,12 +37,13 @@ def _gpus_for(world: int) -> None:
                     "on Hopper); SDPA's fallback backward is not run-to-run deterministic")
 
 
-def _command(tmp_path: Path, name: str, world: int) -> list[str]:
+def _command(tmp_path: Path, name: str, world: int, zero1: bool = False) -> list[str]:
     train_glob, _ = make_shards(tmp_path / "shards", train_tokens=2_000_000, vocab=50257)
     flags = ["--model", MODEL, "--train-data", train_glob, "--out-dir", str(tmp_path / name),
              "--batch-size", "8", "--seq-len", "1024", "--total-batch-size", "32768",  # 4 micro-steps on 1 GPU, 2 on 2
              "--max-steps", str(MAX_STEPS), "--warmup-steps", "4", "--checkpoint-every", str(CHECKPOINT_EVERY),
              "--val-every", "0", "--hellaswag-every", "0", "--sample-every", "0", "--log-every", "1"]
+    flags += ["--zero1"] if zero1 else []
     if world == 1:
         return [sys.executable, "-m", "gpt2.train", *flags]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
@@ -108,17 +109,21 @@ def _assert_same_run(ref_dir: Path, got_dir: Path) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2], ids=["1gpu", "2gpus-ddp"])
-def test_sigkill_between_checkpoints_then_resume_is_bit_exact_on_the_gpu(tmp_path, world):
+@pytest.mark.parametrize("world, zero1", [(1, False), (2, False), (2, True)], ids=["1gpu", "2gpus", "2gpus-zero1"])
+def test_sigkill_between_checkpoints_then_resume_is_bit_exact_on_the_gpu(tmp_path, world, zero1):
+    """Under ZeRO-1 too: each rank's parameters live in the optimizer's bucket, its shard of AdamW's state is
+    consolidated into the checkpoint, and a resume hands each rank its shard back."""
     _gpus_for(world)
-    reference = _run(_command(tmp_path, "reference", world), tmp_path, tmp_path / "reference.log")
-    config = json.loads((tmp_path / "reference" / "config.json").read_text())["resolved"]
+    reference = _run(_command(tmp_path, "reference", world, zero1), tmp_path, tmp_path / "reference.log")
+    written = json.loads((tmp_path / "reference" / "config.json").read_text())
+    config = written["resolved"]
+    assert written["zero1"] is zero1
     # the defaults under test: fused kernels, compiled, bf16 with fp32 masters, CUDA graphs
     assert (config["kernels"], config["compile"], config["master_weights"], config["cuda_graphs"]) == \
         (True, True, True, True), reference[-2000:]
 
     out_dir = tmp_path / "interrupted"
-    cmd = _command(tmp_path, "interrupted", world)
+    cmd = _command(tmp_path, "interrupted", world, zero1)
     _kill_between_checkpoints(cmd, tmp_path, out_dir)
     resume_from = list_checkpoints(out_dir)[-1][0]
     assert 0 < resume_from < MAX_STEPS
