@@ -31,10 +31,11 @@ def configure_optimizer(
 
     `zero1` (needs an initialised process group) shards the optimizer state (ZeRO stage 1): each rank
     keeps AdamW's two fp32 moments of about 1/world of the parameters, updates those, and broadcasts
-    them to the other ranks, in one message: the parameters each rank updates are views into one
-    buffer of its (`parameters_as_bucket_view`): one broadcast per tensor (584 a step at d48) made a
-    step on two H200s 7 ms (d48) and 9 ms (d24) longer, 0.969 against 0.963 and 0.941 of two GPUs'
-    worth (docs/benchmarks.md). Gradients are still all-reduced whole, so clipping is unchanged. The update is the same arithmetic per parameter as unsharded AdamW.
+    them to the other ranks in one message: the parameters each rank updates are views into one
+    buffer of its (`parameters_as_bucket_view`). One broadcast per tensor (584 a step at d48) made a
+    step on two H200s 7 ms (d48) and 9 ms (d24) longer: 0.963 and 0.941 of two GPUs' worth, against
+    0.969 at both now (docs/benchmarks.md). Gradients are still all-reduced whole, so clipping is
+    unchanged. The update is the same arithmetic per parameter as unsharded AdamW.
 
     `master_weights` is llm.c's `-w 1`: AdamW updates float32 master copies and the parameters hold them
     stochastically rounded to bfloat16 (see `MasterWeightAdamW`), with random bits from `seed` and the step.
