@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
-from kernels import cross_entropy
-from kernels.attention import BACKENDS
-from kernels.cross_entropy import linear_cross_entropy
-from kernels.layernorm import add_layernorm
-from kernels.linear import with_ones_column
+from gpt2_kernels import cross_entropy
+from gpt2_kernels.attention import BACKENDS
+from gpt2_kernels.cross_entropy import linear_cross_entropy
+from gpt2_kernels.layernorm import add_layernorm
+from gpt2_kernels.linear import with_ones_column
 
 
 @dataclass
@@ -111,9 +111,9 @@ def bench_classifier(cfg: GPTConfig, N: int, ceil: Ceilings, chunk_rows: tuple[i
 
 def bench_cross_entropy_rows(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[KernelTiming]:
     """The classifier's softmax pass alone on one (n, Vp) bf16 chunk, per launch shape (columns per
-    block, warps); the first is the one kernels/cross_entropy.py uses. It overwrites the logits with
+    block, warps); the first is the one gpt2_kernels/cross_entropy.py uses. It overwrites the logits with
     dlogits, so later repetitions see other values: the timing does not depend on them."""
-    from kernels.cross_entropy import ROWS_BLOCK, ROWS_WARPS, _cross_entropy_rows_kernel
+    from gpt2_kernels.cross_entropy import ROWS_BLOCK, ROWS_WARPS, _cross_entropy_rows_kernel
 
     V, Vp = cfg.vocab_size, cfg.padded_vocab_size
     g = torch.Generator(device="cuda").manual_seed(4)
@@ -146,7 +146,7 @@ GRAD_GEMM_CANDIDATES = ((128, 192, 2, 1, False), (128, 192, 1, 2, False), (128, 
 
 
 def bench_classifier_gemm_configs(cfg: GPTConfig, n: int, ceil: Ceilings) -> list[KernelTiming]:
-    """The scaled-exp classifier's three GEMMs (kernels/cross_entropy_scaled_exp.py) on one chunk of n rows
+    """The scaled-exp classifier's three GEMMs (gpt2_kernels/cross_entropy_scaled_exp.py) on one chunk of n rows
     at each candidate launch, beside cuBLAS's plain logits GEMM: the sweep behind LOGITS_GEMM, DX_GEMM and
     DW_GEMM."""
     C, V, Vp = cfg.n_embd, cfg.vocab_size, cfg.padded_vocab_size
@@ -155,7 +155,7 @@ def bench_classifier_gemm_configs(cfg: GPTConfig, n: int, ceil: Ceilings) -> lis
             return []
     finally:
         cross_entropy._scaled_exp_on_cuda = False
-    from kernels import cross_entropy_scaled_exp as scaled_exp
+    from gpt2_kernels import cross_entropy_scaled_exp as scaled_exp
 
     g = torch.Generator(device="cuda").manual_seed(6)
     x = torch.randn(n, C, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -201,7 +201,7 @@ def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTi
     this op sums) -> (residual, LayerNorm in bf16), forward and backward, both under torch.compile as in
     training (eager, the custom op's Python dispatch shows in the timing); then the backward kernel alone
     in each launch shape its autotuner chooses from."""
-    from kernels.compile import register_inductor_fallbacks
+    from gpt2_kernels.compile import register_inductor_fallbacks
 
     register_inductor_fallbacks()
     C = cfg.n_embd
@@ -240,8 +240,8 @@ def bench_add_layernorm(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTi
 
 def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[KernelTiming]:
     """The backward op's launcher alone in the training layout (the kernel with its weight, bias and
-    c_proj-bias partial sums, and their final reduction) per launch shape in kernels.layernorm._BWD_CONFIGS."""
-    from kernels.layernorm import _BWD_CONFIGS, add_layernorm_backward
+    c_proj-bias partial sums, and their final reduction) per launch shape in gpt2_kernels.layernorm._BWD_CONFIGS."""
+    from gpt2_kernels.layernorm import _BWD_CONFIGS, add_layernorm_backward
 
     g = torch.Generator(device="cuda").manual_seed(3)
     z, dout, dres = (torch.randn(N, C, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
@@ -261,11 +261,11 @@ def bench_layernorm_backward_configs(N: int, C: int, ceil: Ceilings) -> list[Ker
 def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[KernelTiming]:
     """Causal attention forward + backward from the packed (B, T, 3C) projection to its gradient, bf16,
     as the model runs it: SDPA per backend (with the split into heads and the q/k/v gradient
-    concatenation it implies), and kernels.causal_attention's cuDNN + FA4 op where flash-attn-4 is
+    concatenation it implies), and gpt2_kernels.causal_attention's cuDNN + FA4 op where flash-attn-4 is
     installed (unavailable ones are skipped)."""
     from torch.nn.attention import sdpa_kernel
 
-    import kernels.attention as attention
+    import gpt2_kernels.attention as attention
     from gpt2.model import sdpa_attention
 
     nh, C = cfg.n_head, cfg.n_embd
@@ -298,9 +298,9 @@ def bench_attention(cfg: GPTConfig, B: int, T: int, ceil: Ceilings) -> list[Kern
 
 def bench_mlp(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     """The MLP branch forward + backward as the fused path runs it (c_proj's bias added in its GEMM, its gradient
-    left to add_layernorm), bf16: torch.compile of the plain ops against kernels.fused_mlp with quack's GELU
+    left to add_layernorm), bf16: torch.compile of the plain ops against gpt2_kernels.fused_mlp with quack's GELU
     epilogues, where installed."""
-    import kernels.mlp as mlp
+    import gpt2_kernels.mlp as mlp
 
     C = cfg.n_embd
     g = torch.Generator(device="cuda").manual_seed(4)
@@ -340,9 +340,9 @@ QUACK_SM90_TILES = ((128, 192, True), (128, 128, True), (128, 160, True), (128, 
 
 def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
     """quack's two MLP GEMMs at each candidate config, one compile (a few seconds) each: the sweep
-    behind the backward GEMM's config that kernels/mlp.py pins (quack's own autotuner takes minutes at
+    behind the backward GEMM's config that gpt2_kernels/mlp.py pins (quack's own autotuner takes minutes at
     these shapes)."""
-    import kernels.mlp as mlp
+    import gpt2_kernels.mlp as mlp
     from quack.gemm_config import GemmConfig
 
     quack = mlp._load_quack()
@@ -378,10 +378,10 @@ def bench_mlp_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[Kerne
 
 
 def bench_linear_gemm_configs(cfg: GPTConfig, N: int, ceil: Ceilings) -> list[KernelTiming]:
-    """quack's plain GEMM at each call site of kernels/linear.py and kernels/mlp.py (N tokens, the model's width)
+    """quack's plain GEMM at each call site of gpt2_kernels/linear.py and gpt2_kernels/mlp.py (N tokens, the model's width)
     at each candidate config, the pinned one marked: the sweep behind those pins (made at d12's shapes) at
     other widths. One compile a config and epilogue (a few seconds each)."""
-    import kernels.linear as linear
+    import gpt2_kernels.linear as linear
 
     if linear._load_quack_gemm() is None:
         return []

@@ -6,13 +6,13 @@ micro-steps of B x T random tokens under bf16 autocast, grad-norm clip, AdamW), 
 MFU, peak GPU memory and step time:
 
   kernels               GPT(use_kernels=True): fused residual+LayerNorm, fused classifier, SDPA backend
-                        checked and pinned by kernels.configure_kernels (cuDNN first), torch.compile for the rest
+                        checked and pinned by gpt2_kernels.configure_kernels (cuDNN first), torch.compile for the rest
   kernels-compile-ln    the same, but residual add + LayerNorm written in plain ops for Inductor to fuse
                         (is our kernel worth keeping inside the whole step?)
   kernels-triton-softmax  the same, but the classifier's Triton softmax pass where quack's scaled-exp
-                        GEMMs would run (kernels/cross_entropy_scaled_exp.py: is it worth it?)
+                        GEMMs would run (gpt2_kernels/cross_entropy_scaled_exp.py: is it worth it?)
   kernels-dw-add        kernels-triton-softmax with its dW accumulated by a separate add, as before
-                        kernels.cross_entropy.accumulate_dw (is the matmul-epilogue accumulation worth it?)
+                        gpt2_kernels.cross_entropy.accumulate_dw (is the matmul-epilogue accumulation worth it?)
   kernels-max-autotune  the kernels path compiled with mode="max-autotune-no-cudagraphs" (Triton GEMM
                         templates with the pointwise work, GELU included, fused into their epilogues)
   kernels-chunk-32768   the kernels path with 32,768-row classifier chunks (fewer, larger matmuls; +1.6 GB)
@@ -54,7 +54,7 @@ from typing import Callable
 import torch
 
 import gpt2.model
-import kernels.cross_entropy
+import gpt2_kernels.cross_entropy
 from bench.fp8 import convert_blocks_to_fp8
 from gpt2 import step as step_fns
 from gpt2.config import GPTConfig
@@ -63,16 +63,16 @@ from gpt2.model import GPT
 from gpt2.optim import configure_optimizer
 from gpt2.metrics import flops_per_token, peak_flops
 from gpt2.train_config import TrainConfig
-from kernels import configure_kernels, linear_cross_entropy
-from kernels.attention import enable_all_sdpa_backends
-from kernels.layernorm import add_layernorm_reference
-from kernels.linear import with_ones_column
+from gpt2_kernels import configure_kernels, linear_cross_entropy
+from gpt2_kernels.attention import enable_all_sdpa_backends
+from gpt2_kernels.layernorm import add_layernorm_reference
+from gpt2_kernels.linear import with_ones_column
 
 
 @dataclass(frozen=True)
 class Variant:
     use_kernels: bool
-    sdpa: tuple[str, ...] | None  # SDPA backend preference (kernels.configure_kernels); None: PyTorch's default
+    sdpa: tuple[str, ...] | None  # SDPA backend preference (gpt2_kernels.configure_kernels); None: PyTorch's default
     fa4_backward: bool = True  # False: SDPA's own backward even where flash-attn-4 is installed
     gelu_epilogue: bool = True  # False: the MLP's GELU left to Inductor even where quack-kernels is installed
     fused_layernorm: bool = True  # False: the kernels path with add+LayerNorm left to Inductor
@@ -80,7 +80,7 @@ class Variant:
     dw_in_epilogue: bool = True  # False: the Triton classifier's dW accumulated by a separate add
     compile_mode: str | None = None  # torch.compile's mode
     cuda_graphs: bool = True  # False: micro-steps launched kernel by kernel (gpt2.train --no-cuda-graphs)
-    chunk_rows: int | None = None  # classifier rows per chunk; None: kernels.cross_entropy's default
+    chunk_rows: int | None = None  # classifier rows per chunk; None: gpt2_kernels.cross_entropy's default
     fp8: bool = False  # the blocks' matmuls in FP8 (bench/fp8.py)
     keep_mlp_post_gb: float = TrainConfig.keep_mlp_post_gb  # gpt2.train's, default included
 
@@ -104,7 +104,7 @@ VARIANTS = {
 
 
 def inductor_add_layernorm(x, y, weight, bias, eps=1e-5, out_dtype=None, bias_in_y=None, ones_column=False):
-    """kernels.add_layernorm's signature over its plain formula, which torch.compile then fuses itself."""
+    """gpt2_kernels.add_layernorm's signature over its plain formula, which torch.compile then fuses itself."""
     residual, out = add_layernorm_reference(x, y, weight, bias, eps, bias_in_y)
     out = out.to(out_dtype or x.dtype)
     return residual, with_ones_column(out) if ones_column else out
@@ -169,7 +169,7 @@ def measure_variant(variant: str, descriptor: str, B: int, T: int, grad_accum: i
     layernorm = (contextlib.nullcontext() if spec.fused_layernorm
                  else unittest.mock.patch.object(gpt2.model, "add_layernorm", inductor_add_layernorm))
     dw = (contextlib.nullcontext() if spec.dw_in_epilogue
-          else unittest.mock.patch.object(kernels.cross_entropy, "accumulate_dw", separate_add_dw))
+          else unittest.mock.patch.object(gpt2_kernels.cross_entropy, "accumulate_dw", separate_add_dw))
     chunk = (contextlib.nullcontext() if spec.chunk_rows is None
              else unittest.mock.patch.object(gpt2.model, "linear_cross_entropy",
                                              functools.partial(linear_cross_entropy, chunk_rows=spec.chunk_rows)))

@@ -61,7 +61,7 @@ def measure(args: argparse.Namespace, ctx: DistContext) -> list[dict]:
     cuda = ctx.device.type == "cuda"
     config = parse_model_spec(args.model)
     if cuda:
-        from kernels import configure_kernels
+        from gpt2_kernels import configure_kernels
 
         torch.backends.cuda.matmul.allow_tf32 = True
         configure_kernels(config.n_head, config.head_size, device=ctx.device)

@@ -4,7 +4,7 @@
 # val every 250 steps over 20 batches) through llm.c's train_gpt2cu (bf16, no cuDNN) and through
 # python -m gpt2.train at its defaults (so in llm.c's training order); then per-step train losses side by side.
 # Two noise runs measure how far equally valid bf16 arithmetic moves the same run: ours with --no-kernels
-# (PyTorch's own kernels instead of kernels/) and llm.c with -ge 2 (GELU fused into its matmuls).
+# (PyTorch's own kernels instead of gpt2_kernels/) and llm.c with -ge 2 (GELU fused into its matmuls).
 #
 #   LLMC=path/to/llm.c bench/crosscheck_llmc.sh [PHASE ...]
 #

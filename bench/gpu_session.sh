@@ -13,7 +13,7 @@ OUT=${OUT:-artifacts/bench}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 # a fresh Inductor cache: its on-disk graphs do not key on our custom ops' schemas, so graphs cached
-# by an older version of kernels/ on a reused host would index the ops' outputs wrongly
+# by an older version of gpt2_kernels/ on a reused host would index the ops' outputs wrongly
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(mktemp -d)}
 PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"

@@ -48,7 +48,7 @@ from bench.fp8 import convert_blocks_to_fp8
 from gpt2.model import GPT
 from gpt2.optim import configure_optimizer, lr_at
 from gpt2.train_config import TrainConfig
-from kernels import configure_kernels
+from gpt2_kernels import configure_kernels
 
 TOL_ABS = 0.02
 # llm.c's scripts/run_gpt2_{124M,350M,774M,1558M}.sh: the peak learning rate by model size, all warmed up over 700
@@ -66,7 +66,7 @@ def recipe_schedule(descriptor: str) -> tuple[float, int]:
 class Path:
     use_kernels: bool
     bf16: bool  # bf16 autocast; False: fp32 with TF32 off
-    sdpa: tuple[str, ...]  # SDPA backend preference (kernels.configure_kernels)
+    sdpa: tuple[str, ...]  # SDPA backend preference (gpt2_kernels.configure_kernels)
     fp8: bool = False  # the blocks' matmuls in FP8 (bench/fp8.py)
 
 

@@ -278,7 +278,7 @@ def context_probe() -> dict[str, Any]:
     F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
     del q
     stage("causal attention, forward and backward")
-    from kernels.stochastic_round import stochastic_round
+    from gpt2_kernels.stochastic_round import stochastic_round
 
     stochastic_round(torch.randn(1 << 20, device="cuda"), 1, 0)
     stage("a Triton kernel")

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.init import init_weights
-from kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy, projection
-from kernels.attention import packed_attention_enabled
-from kernels.compile import register_inductor_fallbacks
-from kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
+from gpt2_kernels import add_layernorm, biased_linear, causal_attention, fused_mlp, linear_cross_entropy, projection
+from gpt2_kernels.attention import packed_attention_enabled
+from gpt2_kernels.compile import register_inductor_fallbacks
+from gpt2_kernels.mlp import gelu_epilogue_enabled, layers_keeping_post
 
 
 # A branch's two weight matrices already in the compute dtype (`GPT.forward`'s cast_weights), or None for one to
@@ -67,7 +67,7 @@ def project(layer: nn.Linear, x: torch.Tensor, cast_weight: torch.Tensor | None 
             weight_grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """layer(x) for the fused path, as (output, the bias whose gradient add_layernorm sums): a plain nn.Linear
     adds its bias in the GEMM, as a constant, and leaves its gradient to the add_layernorm after it, which
-    sums d(residual) anyway (kernels.linear.projection: its weight gradient in fp32; cast_weight, its weight
+    sums d(residual) anyway (gpt2_kernels.linear.projection: its weight gradient in fp32; cast_weight, its weight
     already in x's dtype, or None to cast it there; weight_grad, a buffer the weight's gradient is added into, or
     None); a swapped one runs whole, bias and its gradient included (GPT.projections() is empty then)."""
     if swapped(layer):
@@ -87,9 +87,9 @@ class CausalSelfAttention(nn.Module):
 
     def fused_branch(self, x: torch.Tensor, packed_attention: bool, cast_weights: BranchCasts = (None, None),
                      proj_weight_grad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused path's branch as `project` returns it: with packed_attention, kernels.causal_attention
+        """The fused path's branch as `project` returns it: with packed_attention, gpt2_kernels.causal_attention
         (cuDNN forward, FA4 backward into one packed gradient); else SDPA. x carries a column of ones
-        (kernels/linear.py), from which c_attn's bias gradient comes. cast_weights: c_attn's and c_proj's
+        (gpt2_kernels/linear.py), from which c_attn's bias gradient comes. cast_weights: c_attn's and c_proj's
         weights in x's dtype (`GPT.forward`), or None for each to be cast where it is used; proj_weight_grad: the
         buffer c_proj's weight gradient is added into (`GPT.forward`'s weight_grads), or None."""
         c_attn_weight, c_proj_weight = cast_weights
@@ -111,7 +111,7 @@ class MLP(nn.Module):
     def fused_branch(self, x: torch.Tensor, gelu_epilogue_dtype: torch.dtype | None, keep_post: bool = False,
                      cast_weights: BranchCasts = (None, None), proj_weight_grad: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The fused path's branch as `project` returns it: with a dtype, kernels.fused_mlp (the GELU
+        """The fused path's branch as `project` returns it: with a dtype, gpt2_kernels.fused_mlp (the GELU
         inside quack's matmuls) computing in it, keeping the GELU's output for backward with keep_post;
         else the plain ops, compiled. Swapped linears (FP8) keep their own matmuls, so quack's are not
         used then. cast_weights: c_fc's and c_proj's weights in the compute dtype (`GPT.forward`), or None;
@@ -142,14 +142,14 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig, use_kernels: bool = False):
         """Builds the module tree; weights are set by `gpt2.init.init_weights` (or `GPT.create`).
 
-        `use_kernels` selects the fused Triton path of kernels/ (CUDA); the plain path above is the
+        `use_kernels` selects the fused Triton path of gpt2_kernels/ (CUDA); the plain path above is the
         reference and the CPU path.
         """
         super().__init__()
         self.config = config
         self.use_kernels = use_kernels
         if use_kernels:
-            register_inductor_fallbacks()  # else torch 2.11's compile of this path stalls (kernels/compile.py)
+            register_inductor_fallbacks()  # else torch 2.11's compile of this path stalls (gpt2_kernels/compile.py)
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
@@ -194,7 +194,7 @@ class GPT(nn.Module):
     def projections(self) -> list[nn.Parameter]:
         """The weights whose gradient the fused path adds into a caller's buffer in their weight-gradient GEMM
         (`forward`'s weight_grads): each block's attn.c_proj and mlp.c_proj, whose dW is a dense product; c_attn's
-        and c_fc's come with their bias's as [dW | db] (kernels/linear.py). None where `matrices` has none."""
+        and c_fc's come with their bias's as [dW | db] (gpt2_kernels/linear.py). None where `matrices` has none."""
         return [layer.weight for layer in self._fused_linears()[1::2]]
 
     def _fused_linears(self) -> list[nn.Linear]:
@@ -246,14 +246,14 @@ class GPT(nn.Module):
 
     def _fused_blocks(self, x: torch.Tensor, cast_weights: list[torch.Tensor | None],
                       weight_grads: list[torch.Tensor | None]) -> torch.Tensor:
-        """The blocks and ln_f through kernels/: each residual add is fused with the LayerNorm after it.
+        """The blocks and ln_f through gpt2_kernels/: each residual add is fused with the LayerNorm after it.
 
         Same function as the plain loop, with llm.c's rounding: the residual stream is kept in the
         activation dtype (bf16 under autocast; custom ops do not see autocast, so it is passed
         explicitly); each branch's c_proj adds its bias in its GEMM, rounding once as the plain path and llm.c
         do, and the add_layernorm after it gives the bias's gradient (`project`). The LayerNorms before c_attn
         and c_fc write their output with a column of ones beside it, from which those layers' bias gradients
-        come (kernels/linear.py).
+        come (gpt2_kernels/linear.py).
         x (B, T, C) is the embedding sum, cast_weights and weight_grads `forward`'s (None each where unused);
         returns ln_f's output.
         """

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from kernels.stochastic_round import RoundInto, stochastic_round
+from gpt2_kernels.stochastic_round import RoundInto, stochastic_round
 
 
 def configure_optimizer(
@@ -67,7 +67,7 @@ class MasterWeightAdamW(torch.optim.AdamW):
     The masters are views into one flat float32 buffer, made from the parameters at the first step (llm.c
     copies them too) or from the masters of a loaded state, and are `state[p]["master"]`, so they are in
     `state_dict` and checkpoints (whose state is torch's fused AdamW's: step, exp_avg, exp_avg_sq). A step is
-    torch's fused AdamW kernel applied to the masters directly, then the buffer rounded (kernels/stochastic_round.py)
+    torch's fused AdamW kernel applied to the masters directly, then the buffer rounded (gpt2_kernels/stochastic_round.py)
     into the parameters, which are written in place, never rebound, so captured graphs keep their addresses: on
     CUDA one launch writes every parameter straight from the buffer; on the CPU pieces of the buffer are rounded
     and copied. Little Python runs per step: on a GPU the update is a few

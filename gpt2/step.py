@@ -124,7 +124,7 @@ class FlatGradients:
         autograd would launch one kernel per parameter (d12's ~150 took 0.63 ms a micro-step on an H200; the
         bytes they move take about 0.35 ms at its memory bandwidth). The sums are the same, bit for bit.
         Gradients laid out unlike their parameter (c_attn's and c_fc's dW, rows C + 8 apart as their GEMM
-        writes them: kernels.linear.weight_and_bias_grads) are added one by one: a multi-tensor add takes
+        writes them: gpt2_kernels.linear.weight_and_bias_grads) are added one by one: a multi-tensor add takes
         only lists whose pairs share strides, else it adds every pair on its own."""
         pairs = list(zip(self._autograd_views, grads, strict=True))
         alike = [(view, grad) for view, grad in pairs if view.stride() == grad.stride()]

@@ -195,9 +195,9 @@ def _configure_cuda(config: TrainConfig, model_config: GPTConfig, ctx: DistConte
     torch.backends.cudnn.allow_tf32 = True
     if not use_kernels:
         return None
-    from kernels import configure_kernels
+    from gpt2_kernels import configure_kernels
 
-    # before the model is built and compiled: compiled graphs bake the backend in (kernels/attention.py)
+    # before the model is built and compiled: compiled graphs bake the backend in (gpt2_kernels/attention.py)
     act_dtype = autocast_dtype(ctx.device, config.dtype)
     return configure_kernels(model_config.n_head, model_config.head_size, dtype=act_dtype, device=ctx.device,
                              keep_mlp_post_bytes=config.keep_mlp_post_gb * 1e9)

@@ -107,7 +107,7 @@ class TrainConfig:
     dtype: str = _opt("auto", "autocast dtype of the forward pass: auto (bfloat16 on CUDA, float32 on CPU), "
                       "bfloat16 or float32; weights, gradients and optimizer state are float32 tensors")
     compile: bool | None = _opt(None, "torch.compile the model; default: on for CUDA, off for CPU")
-    kernels: bool | None = _opt(None, "use the fused kernels of kernels/; default: on for CUDA")
+    kernels: bool | None = _opt(None, "use the fused kernels of gpt2_kernels/; default: on for CUDA")
     cuda_graphs: bool | None = _opt(None, "replay each micro-step as a CUDA graph (CUDA; under torchrun the "
                                     "gradients are then averaged in one all-reduce per step instead of by "
                                     "DDP); default: on where compile is on CUDA")

@@ -8,7 +8,7 @@ A stage's cache key is everything that determines its output:
   only through what it resolves to when the stage runs (a run directory: its newest checkpoint that verifies;
   a source folder: its files) is resolved first, and its content is hashed (`StageCache.resolve`),
 * the version of its code: the sha256 of the source files of the modules that compute the output
-  (the stage's entry modules and every gpt2/, data/, kernels/ module they import).
+  (the stage's entry modules and every gpt2/, data/, gpt2_kernels/ module they import).
 
 Before Prefect looks a key up, `StageCache` reads the cached record for it (if any) and checks that the
 files it names are still on disk with their recorded content. A deleted or corrupted output makes the
@@ -104,7 +104,7 @@ class StageRecord:
 
 
 # the packages whose source determines stage outputs; imports of anything else (torch, prefect) are not followed
-PROJECT_PACKAGES = ("common", "gpt2", "data", "kernels")
+PROJECT_PACKAGES = ("common", "gpt2", "data", "gpt2_kernels")
 
 
 def _source_path(name: str) -> Path | None:

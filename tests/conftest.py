@@ -1,7 +1,7 @@
 """Shared test set-up.
 
 Without a GPU, Triton kernels run on CPU tensors through Triton's interpreter. The variable is read
-when a kernel is decorated, so it is set here, before any test module imports `kernels`.
+when a kernel is decorated, so it is set here, before any test module imports `gpt2_kernels`.
 
 Every process of the suite computes on one thread (OMP_NUM_THREADS=1, inherited by the servers, workers, flow
 runs and training ranks the tests start; set before torch is imported here): the suite runs more processes

@@ -1,4 +1,4 @@
-"""The fused path's attention op (kernels/attention.py) against PyTorch's SDPA, at odd shapes.
+"""The fused path's attention op (gpt2_kernels/attention.py) against PyTorch's SDPA, at odd shapes.
 
 On CPU the op runs its reference (FlashAttention's backward formulas written out); it is checked
 against autograd through `F.scaled_dot_product_attention`, an independent implementation. On a GPU with
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.attention as attention
+import gpt2_kernels.attention as attention
 from tests.fixtures.numerics import rel_err
 
 SHAPES = [(2, 13, 3, 5), (1, 1, 1, 8), (3, 37, 2, 16)]  # (B, T, n_head, head_size): odd T, tiny heads

@@ -1,4 +1,4 @@
-"""kernels.cross_entropy: fused lm_head + cross-entropy vs autograd through the plain formula.
+"""gpt2_kernels.cross_entropy: fused lm_head + cross-entropy vs autograd through the plain formula.
 
 On CPU the Triton kernel runs under TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay tiny.
 Tolerances (relative L2 error vs a float64 reference): fp32 inputs 1e-5 (fp32 accumulation over at
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import kernels.cross_entropy as ce
-from kernels.cross_entropy import (
+import gpt2_kernels.cross_entropy as ce
+from gpt2_kernels.cross_entropy import (
     cross_entropy_rows_,
     linear_cross_entropy,
     linear_cross_entropy_reference,
@@ -97,7 +97,7 @@ def test_compute_dtype_bf16_from_fp32_inputs():
 def test_rows_kernel_writes_every_gradient_column(block, monkeypatch):
     """Poisoned logits buffer: every column, padded ones included, must be overwritten, whether the
     row spans several column blocks or one."""
-    monkeypatch.setattr("kernels.cross_entropy.ROWS_BLOCK", block)
+    monkeypatch.setattr("gpt2_kernels.cross_entropy.ROWS_BLOCK", block)
     N, V, Vp = 5, 90, 128
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(N, Vp, generator=g).to(DEVICE)
@@ -131,7 +131,7 @@ def test_dw_accumulates_each_chunk_product_unrounded(rows, Vp, C):
     """dW += dlogits.T @ x with bf16 operands and an fp32 accumulator: the chunk's product is not
     rounded to bf16 before the add (on CUDA: cuBLAS's fp32-output epilogue; elsewhere an fp32 product).
     A bf16-rounded product would be off by about 2^-9 relative, 100x this tolerance."""
-    from kernels.cross_entropy import accumulate_dw
+    from gpt2_kernels.cross_entropy import accumulate_dw
 
     g = torch.Generator().manual_seed(rows)
     dlogits = torch.randn(rows, Vp, generator=g).to(DEVICE, torch.bfloat16)

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels.mlp as mlp_op
+import gpt2_kernels.mlp as mlp_op
 from gpt2.step import FlatGradients
-from kernels import with_ones_column
-from kernels.linear import ONES_COLUMNS, _biased_linear_bwd, empty_weight_grad, weight_and_bias_grads
+from gpt2_kernels import with_ones_column
+from gpt2_kernels.linear import ONES_COLUMNS, _biased_linear_bwd, empty_weight_grad, weight_and_bias_grads
 from tests.fixtures.numerics import rel_err
 
 OPCHECKS = ("test_schema", "test_faketensor")  # the AOT ones clone h, which drops the ones column
@@ -62,7 +62,7 @@ def test_flat_gradients_add_gradients_of_either_layout():
 
 
 def test_biased_linear_weight_gradient_matches_f_linear_at_odd_shape():
-    from kernels import biased_linear
+    from gpt2_kernels import biased_linear
 
     g = torch.Generator().manual_seed(1)
     h, w, b = (torch.randn(*s, dtype=torch.float64, generator=g) for s in ((13, 7), (11, 7), (11,)))
@@ -78,7 +78,7 @@ def test_compile_caches_are_keyed_on_the_kernels_sources(tmp_path):
     """Importing kernels puts a digest of its sources into torch.compile's cache-key tag, so a graph compiled
     with the fake kernels of another version (another weight-gradient layout, say) is not served to this one;
     a tag the user set stays in front, and tagging twice adds nothing."""
-    import kernels.compile as kc
+    import gpt2_kernels.compile as kc
 
     digest = kc.source_digest(Path(kc.__file__).parent)
     assert f"gpt2_kernels:{digest}" in torch.compiler.config.cache_key_tag  # by the import

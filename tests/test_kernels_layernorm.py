@@ -1,4 +1,4 @@
-"""kernels.layernorm: fused residual add + LayerNorm vs autograd through the plain formula in float64.
+"""gpt2_kernels.layernorm: fused residual add + LayerNorm vs autograd through the plain formula in float64.
 
 Tolerances (relative L2 error): fp32 everywhere 1e-5; bf16 in the op (a bf16 branch input, a bf16
 residual stream, a bf16 normalised output) 2e-2: outputs and gradients are rounded to bf16, whose unit
@@ -10,8 +10,8 @@ relative, because Triton's interpreter (not the GPU, which rounds to nearest) tr
 import pytest
 import torch
 
-from kernels.layernorm import _BWD_CONFIGS, add_layernorm, add_layernorm_backward, add_layernorm_reference
-from kernels.linear import ONES_COLUMNS, augmented, padded_width
+from gpt2_kernels.layernorm import _BWD_CONFIGS, add_layernorm, add_layernorm_backward, add_layernorm_reference
+from gpt2_kernels.linear import ONES_COLUMNS, augmented, padded_width
 from tests.fixtures.numerics import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,8 +109,8 @@ def test_opcheck_fake_and_autograd_registrations(x_dtype, out_dtype, with_bias_i
 @pytest.mark.parametrize("N, C, dtype", [(37, 24, F32), (13, 100, BF16), (1, 64, BF16)])
 def test_ones_column_lays_the_output_out_for_a_biased_linear(N, C, dtype):
     """With ones_column the normalised output is the same, bit for bit, and so are the gradients; its rows
-    lie in rows of kernels.linear.padded_width(C) (128 bytes a line in bf16) that continue with a one and
-    seven zeros, which the weight-gradient GEMM of a biased linear layer reads (kernels/linear.py)."""
+    lie in rows of gpt2_kernels.linear.padded_width(C) (128 bytes a line in bf16) that continue with a one and
+    seven zeros, which the weight-gradient GEMM of a biased linear layer reads (gpt2_kernels/linear.py)."""
     g = torch.Generator().manual_seed(C)
     x, y, d_res, d_out = (torch.randn(N, C, generator=g).to(DEVICE, dtype) for _ in range(4))
     w = (1 + 0.5 * torch.randn(C, generator=g)).to(DEVICE)

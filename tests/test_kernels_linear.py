@@ -1,4 +1,4 @@
-"""kernels.linear: a biased linear layer whose bias gradient comes out of its weight-gradient GEMM through a
+"""gpt2_kernels.linear: a biased linear layer whose bias gradient comes out of its weight-gradient GEMM through a
 column of ones beside its input, against autograd through F.linear, at odd shapes; the layout's checks;
 the layout surviving torch.compile's Inductor between add_layernorm and the op; and `matmul`, quack's GEMM
 at each pinned tile on a GPU (against fp32, and bit for bit against cuBLAS at d12's shapes)."""
@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import add_layernorm, biased_linear, with_ones_column
-import kernels.linear as linear
-from kernels.linear import (_biased_linear, _biased_linear_bwd, _projection, _projection_bwd, augmented,
+from gpt2_kernels import add_layernorm, biased_linear, with_ones_column
+import gpt2_kernels.linear as linear
+from gpt2_kernels.linear import (_biased_linear, _biased_linear_bwd, _projection, _projection_bwd, augmented,
                             padded_width)
 from tests.fixtures.numerics import rel_err
 

@@ -1,4 +1,4 @@
-"""The fused path's MLP op (kernels/mlp.py) against the plain MLP under autograd, at odd shapes.
+"""The fused path's MLP op (gpt2_kernels/mlp.py) against the plain MLP under autograd, at odd shapes.
 
 On CPU the op runs its reference (GELU's derivative written out), checked against autograd through
 `F.gelu` and `F.linear`; on a GPU with quack-kernels installed, the GELU-epilogue GEMMs are checked
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.train_config import TrainConfig
-import kernels.mlp as mlp_op
-from kernels.linear import with_ones_column
+import gpt2_kernels.mlp as mlp_op
+from gpt2_kernels.linear import with_ones_column
 from tests.fixtures.numerics import rel_err
 
 
@@ -50,7 +50,7 @@ def test_reference_backward_matches_autograd(N, C, with_proj_bias):
 
 @pytest.mark.parametrize("keep_post", [False, True])
 def test_op_autograd_on_cpu_matches_plain_mlp(keep_post):
-    """kernels.mlp with its registered backward, as the fused model calls it (fp32 params, bf16 compute),
+    """gpt2_kernels.mlp with its registered backward, as the fused model calls it (fp32 params, bf16 compute),
     with post rebuilt in backward or kept from the forward."""
     C = 6
     params = [t.float().requires_grad_() for t in weights(C)]

@@ -12,8 +12,8 @@ import torch
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
-from kernels import add_layernorm, with_ones_column
-from kernels.attention import configure_sdpa
+from gpt2_kernels import add_layernorm, with_ones_column
+from gpt2_kernels.attention import configure_sdpa
 from tests.fixtures.numerics import rel_err, without_triton
 
 CONFIG = GPTConfig(n_layer=2, n_head=2, n_embd=24, block_size=16, vocab_size=101, padded_vocab_size=128)
@@ -47,10 +47,10 @@ def test_kernel_path_matches_plain_path():
 
 
 def test_kernel_path_keeping_post_matches_plain_path(monkeypatch):
-    """With a memory budget for it (kernels.mlp.configure_mlp's keep_post_bytes), every MLP of the tiny model
+    """With a memory budget for it (gpt2_kernels.mlp.configure_mlp's keep_post_bytes), every MLP of the tiny model
     holds its (B·T, 4C) GELU output for backward, one more such tensor a layer, and the result is unchanged.
     LayerNorm and the loss run their PyTorch references: the MLP's budget is under test, not Triton's kernels."""
-    import kernels.mlp
+    import gpt2_kernels.mlp
 
     without_triton(monkeypatch)
 
@@ -63,7 +63,7 @@ def test_kernel_path_keeping_post_matches_plain_path(monkeypatch):
 
     plain, fused, idx, targets = models_and_batch()
     rebuilding = saved_hidden_tensors(fused, idx, targets)
-    monkeypatch.setattr(kernels.mlp, "_kept_post_bytes", 1e9)
+    monkeypatch.setattr(gpt2_kernels.mlp, "_kept_post_bytes", 1e9)
     plain, fused, idx, targets = models_and_batch()
     assert saved_hidden_tensors(fused, idx, targets) == rebuilding + CONFIG.n_layer
     _, loss_plain = plain(idx, targets, return_logits=False)
@@ -199,7 +199,7 @@ def test_reference_fallback_matches_plain_path(monkeypatch):
 
 
 def test_inductor_fallbacks_registered(monkeypatch):
-    """GPT(use_kernels=True) registers the ops' Inductor lowerings up front (see kernels/compile.py)."""
+    """GPT(use_kernels=True) registers the ops' Inductor lowerings up front (see gpt2_kernels/compile.py)."""
     from torch._inductor.lowering import lowerings
 
     ops = [getattr(torch.ops.gpt2_kernels, name).default

@@ -1,4 +1,4 @@
-"""kernels.stochastic_round: the one-pass Triton rounding against the PyTorch formula given the same bits.
+"""gpt2_kernels.stochastic_round: the one-pass Triton rounding against the PyTorch formula given the same bits.
 
 The kernel runs on CUDA, or on CPU through Triton's interpreter (tests/conftest.py), at sizes that are not
 multiples of its block; its bits depend on (seed, offset + i) alone, so pieces rounded at their offsets equal
@@ -8,7 +8,7 @@ the whole. The formula itself is checked against hand computations in tests/test
 import pytest
 import torch
 
-from kernels.stochastic_round import (
+from gpt2_kernels.stochastic_round import (
     BLOCK, RoundInto, _random16_triton, _round_triton, random16, stochastic_round, stochastic_round_bf16,
 )
 

@@ -233,7 +233,7 @@ def test_train_code_covers_the_modules_training_runs():
 
     closure = set(code_closure(TRAIN_CODE))
     # imported by gpt2.train directly (loader, evaluation) and through the model (the fused kernels)
-    assert {"data.loader", "common.files", "gpt2.evaluate", "gpt2.model", "kernels.layernorm", "kernels.cross_entropy"} <= closure
+    assert {"data.loader", "common.files", "gpt2.evaluate", "gpt2.model", "gpt2_kernels.layernorm", "gpt2_kernels.cross_entropy"} <= closure
     assert not any(name.startswith(("torch", "prefect", "tasks")) for name in closure)
 
 

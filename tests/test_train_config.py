@@ -143,12 +143,12 @@ def test_keep_mlp_post_gb_from_the_command_line_reaches_the_kernels(monkeypatch)
     flag, the default's 2.5 GB; with 0, none."""
     import torch
 
-    import kernels
+    import gpt2_kernels
     from gpt2 import train
     from gpt2.distributed import DistContext
 
     calls = []
-    monkeypatch.setattr(kernels, "configure_kernels", lambda *args, **kwargs: calls.append(kwargs) or "recorded")
+    monkeypatch.setattr(gpt2_kernels, "configure_kernels", lambda *args, **kwargs: calls.append(kwargs) or "recorded")
     gpu = DistContext(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32  # _configure_cuda sets both
     try:

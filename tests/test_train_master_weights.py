@@ -16,7 +16,7 @@ import torch
 
 from gpt2.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from gpt2.optim import MasterWeightAdamW, configure_optimizer
-from kernels.stochastic_round import stochastic_round_bf16
+from gpt2_kernels.stochastic_round import stochastic_round_bf16
 from gpt2.train import train
 from tests.fixtures.train.tiny import final_params, read_metrics, single_thread, tiny_config  # noqa: F401
 
@@ -187,13 +187,13 @@ def test_rounding_in_pieces_gives_the_bits_of_one_launch(piece):
 
 @pytest.mark.gpu
 def test_on_cuda_the_rounding_writes_the_parameters_straight_from_the_masters():
-    """On CUDA one launch rounds the masters into the parameters (kernels.stochastic_round.RoundInto): each
+    """On CUDA one launch rounds the masters into the parameters (gpt2_kernels.stochastic_round.RoundInto): each
     parameter holds its slice of one launch over the whole buffer, bit for bit, also when a parameter has no
     gradient; a step after the first allocates no rounded copy (the piece the CPU path makes, 4 bytes an element
     of its largest parameter), only the table made again for the parameters updated."""
     import numpy as np
 
-    from kernels.stochastic_round import _round_triton
+    from gpt2_kernels.stochastic_round import _round_triton
 
     model = _model().cuda()
     params = list(model.parameters())

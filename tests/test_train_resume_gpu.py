@@ -28,7 +28,7 @@ TIMEOUT_S = 600  # compiling, the kernels' startup checks, 16 steps
 def _gpus_for(world: int) -> None:
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} CUDA GPUs, {torch.cuda.device_count()} visible")
-    from kernels.attention import _load_fa4_backward
+    from gpt2_kernels.attention import _load_fa4_backward
 
     if _load_fa4_backward() is None:
         # measured (H200, 2026-11-26): without FA4's deterministic backward, two uninterrupted runs of this

@@ -169,8 +169,8 @@ def test_micro_steps_adding_the_projections_gradients_in_their_gemms_sum_what_au
 def graphed_and_eager_runs(use_kernels: bool, steps: int = 3, grad_accum: int = 3):
     """The same model trained `steps` optimizer steps eagerly and through MicroStepGraph (warm-up 2, so
     the capture falls mid-step); yields (eager params, graphed params, eager loss, graphed loss) per step."""
-    from kernels import configure_kernels
-    from kernels.attention import enable_all_sdpa_backends
+    from gpt2_kernels import configure_kernels
+    from gpt2_kernels.attention import enable_all_sdpa_backends
 
     cuda = torch.device("cuda")
     config = GPTConfig(n_layer=2, n_head=2, n_embd=128, block_size=64, vocab_size=512)

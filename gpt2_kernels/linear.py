@@ -15,7 +15,7 @@ cost quack's forward GELU GEMM 25% (0.53 → 0.67 ms, H100), each tile row then 
 On an H100 at d12 the GEMM with the 8 extra columns costs what the plain one does at c_attn's shape (0.38 ms)
 and 0.05 ms more at c_fc's (0.49 ms); docs/benchmarks.md has the measurements.
 
-`biased_linear` is c_attn's op; kernels/mlp.py takes c_fc's bias gradient the same way
+`biased_linear` is c_attn's op; gpt2_kernels/mlp.py takes c_fc's bias gradient the same way
 (`weight_and_bias_grads`). `with_ones_column` gives any (..., C) tensor the layout (a copy), for callers
 that do not get h from add_layernorm.
 
@@ -25,7 +25,7 @@ add_layernorm after it (`bias_in_y`), which sums d(residual) anyway. Given the w
 accumulates its gradients; c_attn's and c_fc's cannot, their [dW | db] product being rows C + 8 apart.
 
 `matmul` is the block's forward and input-gradient GEMM (c_attn, attention's c_proj through `projection`,
-the MLP's c_proj and c_fc in kernels/mlp.py): on a Hopper GPU with the `gpu` extra, quack's GEMM at a tile
+the MLP's c_proj and c_fc in gpt2_kernels/mlp.py): on a Hopper GPU with the `gpu` extra, quack's GEMM at a tile
 pinned per call site (`configure_linear` turns it on once it agrees with torch's), else torch's. At d12 on
 an H100 it took 3-12% less time than cuBLAS at each of those six GEMMs, with bit for bit the same output
 (docs/benchmarks.md); the weight-gradient GEMMs stay with cuBLAS, which was faster there.
@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
+from gpt2_kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
 
 ONES_COLUMNS = 8  # the column of ones, then zeros: C + 8 columns keep a bf16 row a multiple of 16 bytes
 _ROW_ALIGN = 64  # elements: 128 bytes in bf16
@@ -71,7 +71,7 @@ MLP_FC_INPUT_GRAD = {768: _tile(256, 192, False, 1, 2),  # 428 against 448
 ATTN_PROJ = {768: _tile(128, 192, True, 2, 1),  # 112 against 123 and 128
              1024: _tile(192, 128, True, 1, 2),  # forward 101 against 114, input gradient 99 against 116
              1600: _tile(128, 160, True, 1, 2)}  # forward 120 against 131, input gradient 122 against 131
-# The MLP's c_fc forward with GELU in its epilogue (kernels/mlp.py, quack's gemm_act): at 768 quack's own SM90
+# The MLP's c_fc forward with GELU in its epilogue (gpt2_kernels/mlp.py, quack's gemm_act): at 768 quack's own SM90
 # default, within noise of the best at d12 (2026-11-23); at 1600 the fastest of twenty in two calls at d48's shape
 # and strides, 2-3% under that default (2026-11-29, bench/results/2026-11-29/5-gemm-act-tiles-d48-h200; 6400 =
 # 40 x 160, where 192 leaves a ragged 64-wide tile)
@@ -180,7 +180,7 @@ def empty_with_ones_column(N: int, C: int, dtype: torch.dtype, device: torch.dev
 
 
 def with_ones_column(h: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """h (..., C) copied (and cast to dtype) into the layout that `biased_linear` and `kernels.fused_mlp` read."""
+    """h (..., C) copied (and cast to dtype) into the layout that `biased_linear` and `gpt2_kernels.fused_mlp` read."""
     C = h.size(-1)
     out = empty_with_ones_column(h.numel() // C, C, dtype or h.dtype, h.device)
     out.copy_(h.reshape(-1, C))
@@ -200,7 +200,7 @@ def augmented(h: torch.Tensor) -> torch.Tensor:
     end = h.storage_offset() + (N - 1) * row_stride + width  # in elements, past the last row's column
     if h.stride(1) != 1 or row_stride < width or end * h.element_size() > h.untyped_storage().nbytes():
         raise ValueError(f"h {tuple(h.shape)} with strides {h.stride()} does not carry a ones column: pass the "
-                         "output of add_layernorm(..., ones_column=True) or kernels.linear.with_ones_column(h)")
+                         "output of add_layernorm(..., ones_column=True) or gpt2_kernels.linear.with_ones_column(h)")
     return h.as_strided((N, width), (row_stride, 1))
 
 
@@ -226,7 +226,7 @@ def empty_weight_grad(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def matmul_out(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """a @ b in dtype, never rounded to a's dtype first: on CUDA a bf16 product comes out of the matmul's
     fp32 accumulator as fp32 itself (no separate cast pass); CPU has no such kernel and multiplies the
-    same values in dtype, as kernels.cross_entropy.accumulate_dw does."""
+    same values in dtype, as gpt2_kernels.cross_entropy.accumulate_dw does."""
     if a.is_cuda and dtype == torch.float32 and a.dtype != dtype:
         return torch.mm(a, b, out_dtype=dtype)
     return a.to(dtype) @ b.to(dtype)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import jit, tl, triton
+from gpt2_kernels._triton import jit, tl, triton
 
 BLOCK = 4096  # elements a program (8 warps)
 

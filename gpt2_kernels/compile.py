@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-# registered when kernels/__init__.py imported kernels.attention, .mlp, .cross_entropy, .layernorm and .linear, which
+# registered when gpt2_kernels/__init__.py imported gpt2_kernels.attention, .mlp, .cross_entropy, .layernorm and .linear, which
 # Python does before it runs this submodule
 _OPS = (
     torch.ops.gpt2_kernels.linear_cross_entropy.default,

@@ -1,6 +1,6 @@
 """Optional import of quack-kernels (the `gpu` extra: CuTe-DSL GEMMs with programmable epilogues).
 
-Shared by the kernel modules that use it (kernels/mlp.py, kernels/cross_entropy.py): each asks here
+Shared by the kernel modules that use it (gpt2_kernels/mlp.py, gpt2_kernels/cross_entropy.py): each asks here
 once, then imports the quack parts it needs.
 """
 

@@ -14,10 +14,10 @@ so this package imports and works without Triton or a GPU.
 - `fused_mlp`: GPT-2's MLP with the GELU inside the matmuls' epilogues (quack-kernels, where installed).
 - `biased_linear` (c_attn): a linear layer whose bias gradient comes out of its weight-gradient GEMM,
   through a column of ones that `add_layernorm(..., ones_column=True)` writes beside its output; fused_mlp
-  takes c_fc's bias gradient the same way (kernels/linear.py). Their forward and input-gradient GEMMs run
+  takes c_fc's bias gradient the same way (gpt2_kernels/linear.py). Their forward and input-gradient GEMMs run
   quack's GEMM at pinned tiles where the `gpu` extra is installed on a Hopper GPU (`configure_linear`), as
   does `projection` (attention's c_proj: its bias in the GEMM's epilogue, its bias gradient from add_layernorm).
-- `stochastic_round` (kernels/stochastic_round.py, not a custom op: the optimizer calls it outside any
+- `stochastic_round` (gpt2_kernels/stochastic_round.py, not a custom op: the optimizer calls it outside any
   compiled graph): master weights rounded to bfloat16 values in one pass, the random bits drawn inside.
 - `configure_kernels`: before a model is compiled, pick and pin a checked SDPA backend (cuDNN, flash)
   and turn on the optional FA4 backward, GELU-epilogue MLP, quack block GEMMs and scaled-exp classifier
@@ -27,12 +27,12 @@ so this package imports and works without Triton or a GPU.
 
 import torch
 
-from kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
-from kernels.cross_entropy import configure_classifier, linear_cross_entropy, linear_cross_entropy_reference
-from kernels.layernorm import add_layernorm, add_layernorm_reference
-from kernels.linear import biased_linear, configure_linear, projection, with_ones_column
-from kernels.mlp import configure_mlp, fused_mlp
-from kernels.compile import tag_compile_caches  # after the ops' modules: it names their ops
+from gpt2_kernels.attention import DEFAULT_PREFERENCE, causal_attention, configure_attention, configure_sdpa
+from gpt2_kernels.cross_entropy import configure_classifier, linear_cross_entropy, linear_cross_entropy_reference
+from gpt2_kernels.layernorm import add_layernorm, add_layernorm_reference
+from gpt2_kernels.linear import biased_linear, configure_linear, projection, with_ones_column
+from gpt2_kernels.mlp import configure_mlp, fused_mlp
+from gpt2_kernels.compile import tag_compile_caches  # after the ops' modules: it names their ops
 
 tag_compile_caches()
 
@@ -43,7 +43,7 @@ def configure_kernels(n_head: int, head_size: int, dtype: torch.dtype = torch.bf
                       quack_gemm: bool = True, keep_mlp_post_bytes: float = 0.0) -> str:
     """Configure the fused path's attention, MLP, block GEMMs and classifier for this model shape; returns
     what runs, e.g. "cudnn+fa4-bwd, quack-gelu-epilogue, quack-gemm, quack-scaled-exp". keep_mlp_post_bytes:
-    memory the MLPs may spend keeping their GELU output for backward (kernels.mlp.layers_keeping_post)."""
+    memory the MLPs may spend keeping their GELU output for backward (gpt2_kernels.mlp.layers_keeping_post)."""
     n_embd = n_head * head_size
     attention = configure_attention(n_head, head_size, dtype=dtype, device=device, preference=preference,
                                     fa4_backward=fa4_backward)

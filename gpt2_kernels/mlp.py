@@ -1,7 +1,7 @@
 """GPT-2's MLP with the tanh GELU inside its matmuls' epilogues (quack's CuTe GEMMs), where installed.
 
     forward:   pre, post = h @ W_fcᵀ + b_fc, gelu(pre)      one GEMM writes both (quack gemm_act)
-               y = post @ W_projᵀ + b_proj                  kernels.linear.matmul, b_proj in its epilogue
+               y = post @ W_projᵀ + b_proj                  gpt2_kernels.linear.matmul, b_proj in its epilogue
     backward:  dpre, post = (dy @ W_proj) ∘ gelu'(pre), gelu(pre)   one GEMM, reading pre in its epilogue
                                                            (dgelu); with post kept, it writes dpre alone
                dW_proj = dyᵀ post;  [dW_fc | db_fc] = dpreᵀ [h | 1];  dh = dpre W_fc
@@ -12,10 +12,10 @@ Inductor runs the GELU as separate passes over the (B·T, 4C) activations: forwa
 post, backward writes dpost from the matmul and reads it back with pre. Inside the GEMMs those passes
 go (d12 on H100 per layer and micro-step: 0.49 ms for gemm_act against 0.45 + 0.27 for addmm + GELU;
 docs/benchmarks.md). The c_fc bias gradient comes out of the dW_fc GEMM: h arrives from add_layernorm with
-a column of ones (kernels/linear.py), cheaper than a column sum in the backward GEMM's epilogue (0.07-0.11 ms
+a column of ones (gpt2_kernels/linear.py), cheaper than a column sum in the backward GEMM's epilogue (0.07-0.11 ms
 a call at d12 on an H100, against 0.05 for the wider dW_fc GEMM). c_proj's bias is a constant to this op:
 its gradient, Σ_rows dy, comes from the add_layernorm after the MLP (`bias_in_y`), which sums d(residual)
-anyway (kernels.linear.projection says why the bias is added here all the same). pre is kept for backward;
+anyway (gpt2_kernels.linear.projection says why the bias is added here all the same). pre is kept for backward;
 post, which dW_proj needs, is either rebuilt by the backward GEMM (a third of its epilogue's traffic) or,
 with `keep_post`, kept from the forward at the price of its memory (`layers_keeping_post`, within the
 budget configure_mlp is given: gpt2.train's `keep_mlp_post_gb`, 2.5 GB by default).
@@ -34,8 +34,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
-from kernels.linear import (EXACT_STRIDES, MLP_FC_FORWARD, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented,
+from gpt2_kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
+from gpt2_kernels.linear import (EXACT_STRIDES, MLP_FC_FORWARD, MLP_FC_INPUT_GRAD, MLP_PROJ_FORWARD, augmented,
                             compute_copy, empty_weight_grad, fake_for_backward, fake_weight_gradient, for_backward,
                             gemm_config, in_dtype, kept_weight, matmul, tile_for, weight_and_bias_grads,
                             weight_gradient, with_ones_column)
@@ -82,7 +82,7 @@ def _load_quack() -> QuackGemms | None:
     # backward GEMM: with postact 128 x 192 ping-pong, cluster 1 x 2, 0.69 ms against 0.75 for 128 x 128 (the
     # best while the epilogue also summed dbias) and 0.73 for quack's untuned default (128 x 192, cluster
     # 2 x 1); without postact 192 x 128, cluster 1 x 2, 0.62 ms against 0.64 at 128 x 192 and 0.67 for the
-    # default. gemm_act's tile is pinned per width in kernels.linear's MLP_FC_FORWARD. A config is valid at any
+    # default. gemm_act's tile is pinned per width in gpt2_kernels.linear's MLP_FC_FORWARD. A config is valid at any
     # shape.
     def pinned(tile_m, tile_n):
         return GemmConfig(tile_m=tile_m, tile_n=tile_n, pingpong=True, cluster_m=1, cluster_n=2,
@@ -139,16 +139,16 @@ def fused_mlp(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: t
         cast_weights: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
         proj_weight_grad: torch.Tensor | None = None) -> torch.Tensor:
     """h (..., C) -> c_proj(gelu(c_fc(h))) (..., C) in act_dtype; b_proj=None leaves c_proj's bias out.
-    h carries a column of ones (kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
+    h carries a column of ones (gpt2_kernels/linear.py: add_layernorm(..., ones_column=True) or with_ones_column).
 
     The weights are the fp32 parameters; they are cast to act_dtype inside, as autocast would (custom ops
     do not see autocast), once: the backward keeps the casts; `cast_weights`, (W_fc, W_proj) already in
     act_dtype, are used instead where the caller has them (None: that one cast here). Their gradients come
     back in fp32, but for b_proj's: added in c_proj's GEMM as a constant (taken detached), its gradient,
-    Σ_rows dy, is the next add_layernorm's to sum (`bias_in_y`), as for kernels.linear.projection. `keep_post`
+    Σ_rows dy, is the next add_layernorm's to sum (`bias_in_y`), as for gpt2_kernels.linear.projection. `keep_post`
     keeps the GELU's output for backward (its memory, (..., 4C) in act_dtype) instead of having the backward
     GEMM rebuild it. With `proj_weight_grad` (W_proj's shape in fp32: the gradient buffer's view), the backward's
-    dW_proj GEMM adds into it and autograd gets none for W_proj (kernels.linear.weight_gradient)."""
+    dW_proj GEMM adds into it and autograd gets none for W_proj (gpt2_kernels.linear.weight_gradient)."""
     C = h.size(-1)
     b_proj = b_proj.detach() if b_proj is not None else None
     y = _mlp_fwd(h.reshape(-1, C), w_fc, b_fc, w_proj, b_proj, act_dtype, keep_post, *cast_weights,
@@ -162,7 +162,7 @@ def _mlp_fwd(h: torch.Tensor, w_fc: torch.Tensor, b_fc: torch.Tensor, w_proj: to
              w_proj_c: torch.Tensor | None, w_proj_grad: torch.Tensor | None
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h (N, C) -> (y (N, C), pre (N, 4C), the GELU's input, and with keep_post its output post (N, 4C),
-    else an empty tensor, then W_fc and W_proj as kernels.linear.for_backward returns them), all in act_dtype;
+    else an empty tensor, then W_fc and W_proj as gpt2_kernels.linear.for_backward returns them), all in act_dtype;
     pre, post and the weights are for backward. h carries the ones column; w_fc_c and w_proj_c: the caller's
     casts of the weights to act_dtype, or None to cast them here; w_proj_grad is the backward's (`fused_mlp`)."""
     augmented(h)  # fail here, not in backward, on an input without the column
@@ -229,7 +229,7 @@ def _setup_context(ctx, inputs, output):
     h, w_fc, _, _, _, _, _, w_fc_cast, w_proj_cast, w_proj_grad = inputs
     _, pre, post, w_fc_c, w_proj_c = output
     ctx.save_for_backward(h, pre, post, kept_weight(w_fc_cast, w_fc_c), kept_weight(w_proj_cast, w_proj_c))
-    ctx.w_proj_grad = w_proj_grad  # on ctx, not saved: a view of the gradient buffer (as in kernels/linear.py)
+    ctx.w_proj_grad = w_proj_grad  # on ctx, not saved: a view of the gradient buffer (as in gpt2_kernels/linear.py)
     ctx.h_dtype, ctx.grad_dtype = h.dtype, w_fc.dtype
     ctx.mark_non_differentiable(pre, post, w_fc_c, w_proj_c)
 

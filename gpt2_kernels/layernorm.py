@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import jit, next_power_of_2, num_sms, tl, use_triton
-from kernels.linear import ONES_COLUMNS, empty_with_ones_column, padded_width
+from gpt2_kernels._triton import jit, next_power_of_2, num_sms, tl, use_triton
+from gpt2_kernels.linear import ONES_COLUMNS, empty_with_ones_column, padded_width
 
 
 @jit
@@ -42,11 +42,11 @@ def _add_layernorm_fwd_kernel(
     res_ptr, out_ptr, copy_ptr,  # residual, out, and (WRITE_COPY) the residual in out's dtype (N, C)
     mean_ptr, rstd_ptr,  # (N,) fp32
     eps,
-    out_row_stride,  # C, or with ONES_COLUMN the padded row (kernels.linear.padded_width)
+    out_row_stride,  # C, or with ONES_COLUMN the padded row (gpt2_kernels.linear.padded_width)
     C: tl.constexpr,
     HAS_Y: tl.constexpr,
     WRITE_COPY: tl.constexpr,
-    ONES_COLUMN: tl.constexpr,  # out's row continues with a one and then zeros (kernels/linear.py)
+    ONES_COLUMN: tl.constexpr,  # out's row continues with a one and then zeros (gpt2_kernels/linear.py)
     N_ONES_COLUMNS: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -224,7 +224,7 @@ def _add_layernorm_fwd(
     """-> (residual (N, C) in x's dtype, out (N, C) out_dtype, copy, mean (N,) fp32, rstd (N,) fp32).
 
     With `ones_column`, out's rows lie in wider rows that continue with a column of ones
-    (kernels/linear.py), for the biased linear layer that reads out.
+    (gpt2_kernels/linear.py), for the biased linear layer that reads out.
 
     `copy` is the residual rounded to out_dtype when x's dtype differs (what backward then reads),
     else empty: backward reads the residual itself (a custom op's outputs may not alias, so the
@@ -369,9 +369,9 @@ def add_layernorm(
     x (..., C) is the residual stream, whose dtype the sum keeps (fp32, or bf16 as the fused model
     runs it); `out_dtype` (default x's) is the dtype of the normalised output, e.g. bf16 under
     autocast, which custom ops do not see. `bias_in_y` (C,) is the bias that the matmul which made y
-    has added, taken there as a constant (kernels.linear.projection, kernels.fused_mlp): this op does not
+    has added, taken there as a constant (gpt2_kernels.linear.projection, gpt2_kernels.fused_mlp): this op does not
     add it again, and its backward returns the bias's gradient, Σ_rows dy. `ones_column` lays the
-    normalised output out for a biased linear layer of kernels/linear.py to read, which then takes its bias
+    normalised output out for a biased linear layer of gpt2_kernels/linear.py to read, which then takes its bias
     gradient from its weight-gradient GEMM.
     """
     C = x.size(-1)

@@ -1,6 +1,6 @@
 """The classifier's chunk loop on Hopper through quack's scaled-exp GEMMs (the `gpu` extra).
 
-kernels/cross_entropy.py's Triton path runs four kernels per chunk of rows: the logits GEMM, a softmax
+gpt2_kernels/cross_entropy.py's Triton path runs four kernels per chunk of rows: the logits GEMM, a softmax
 pass that reads each logit twice and writes dlogits over it, then the dx and dW GEMMs. Here the softmax
 pass is gone: the logits GEMM's epilogue writes, in place of the logits,
 

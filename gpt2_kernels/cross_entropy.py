@@ -13,7 +13,7 @@ memory is one chunk of logits plus an fp32 dW. Padded vocabulary columns (vocab_
 in the softmax and get zero gradient, so the padding rows of W stay zero.
 
 On a Hopper GPU with quack-kernels installed (the `gpu` extra), `configure_classifier` switches the
-training chunks to kernels/cross_entropy_scaled_exp.py: the softmax moves into the logits GEMM's
+training chunks to gpt2_kernels/cross_entropy_scaled_exp.py: the softmax moves into the logits GEMM's
 epilogue, and the Triton pass that reads each logit twice goes.
 
 `linear_cross_entropy` is the entry point; `linear_cross_entropy_reference` is the plain formula.
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
-from kernels._triton import jit, next_power_of_2, tl, use_triton
+from gpt2_kernels._quack import CHECK_TOLERANCE, max_relative_error, quack_capability
+from gpt2_kernels._triton import jit, next_power_of_2, tl, use_triton
 
 # (16384, 50304) bf16 logits = 1.6 GB, one buffer for all chunks. Against 8192 rows: d12's classifier forward +
 # backward 29.3 against 30.5 ms per micro-step on an H100 (bench_kernels, 2026-11-23; fewer, larger dW and dx
@@ -41,8 +41,8 @@ _scaled_exp_on_cuda = False
 
 
 def _scaled_exp():
-    """kernels.cross_entropy_scaled_exp, imported only where quack is (configure_classifier checked)."""
-    from kernels import cross_entropy_scaled_exp
+    """gpt2_kernels.cross_entropy_scaled_exp, imported only where quack is (configure_classifier checked)."""
+    from gpt2_kernels import cross_entropy_scaled_exp
 
     return cross_entropy_scaled_exp
 
