@@ -119,6 +119,31 @@ def test_profile_train_explains_itself_and_refuses_without_a_gpu():
     assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr
 
 
+def test_gemm_ceiling_explains_itself_and_refuses_without_a_gpu():
+    """`python -m bench.gemm_ceiling --help` says what it replays and reports; without CUDA it stops with an error
+    that says so, and a step that is no whole number of micro-batches is refused by name."""
+    shown = subprocess.run([sys.executable, "-m", "bench.gemm_ceiling", "--help"], cwd=REPO,
+                           capture_output=True, text=True, check=True)
+    assert "sustained" in shown.stdout and "--streams" in shown.stdout and "bench.profile_train" in shown.stdout
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    run = subprocess.run([sys.executable, "-m", "bench.gemm_ceiling", "--model", "d12"], cwd=REPO, env=no_gpu,
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "needs a CUDA GPU" in run.stderr
+
+
+def test_gemm_ceiling_counts_every_matmul_of_a_step():
+    """The FLOPs the ceiling divides by are 6 × the weights of every matmul × the tokens of a step: the blocks'
+    twelve C² matrices and the padded classifier, forward and both gradients; checked at d12 and d48's widths."""
+    from bench.gemm_ceiling import step_flops
+    from gpt2.config import GPTConfig
+
+    for descriptor, rows, micro_steps in (("d12", 65536, 8), ("d48", 16384, 8)):
+        config = GPTConfig.from_descriptor(descriptor)
+        matmul_weights = config.n_layer * 12 * config.n_embd**2 + config.padded_vocab_size * config.n_embd
+        assert step_flops(config, rows, micro_steps) == 6 * matmul_weights * rows * micro_steps
+    assert step_flops(GPTConfig.from_descriptor("d48"), 16384, 8) / 1e15 == pytest.approx(1.223, abs=1e-3)
+
+
 def test_profile_train_counts_overlapping_kernels_once():
     """Busy time is the union of the kernels' intervals: overlapping kernels (streams) count once, gaps not."""
     from bench.profile_train import union_ms
