@@ -4,6 +4,7 @@ stage holds on the folder it writes and on the folders it reads."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import sys
@@ -17,8 +18,22 @@ from common.locks import folder_lock, folder_read_lock
 
 
 def artifact_key(*parts: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower()).strip("-")
+    """The Prefect artifact key of `parts`, joined by dashes. Keys hold lowercase letters, digits and dashes only, so
+    other characters become dashes; where that changed anything, a digest of the parts follows, so that two names
+    the key could not tell apart ("Run_1" and "run-1") still get keys of their own."""
+    joined = "-".join(parts)
+    key = re.sub(r"[^a-z0-9]+", "-", joined.lower()).strip("-")
+    if key != joined:
+        key += "-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:8]
+    return key
+
+
+def run_artifact_key(kind: str, run_dir: Path) -> str:
+    """The key of one run directory's artifact (`runs/<run name>/<run id>`): `<kind>-<run name>-<run id>`. The run id
+    hashes what determines the training, not the run's name: two run names trained with the same settings share
+    it, each in its own folder, and an artifact keyed on the id alone would become a newer version of the other
+    run's."""
+    return artifact_key(kind, run_dir.parent.name, run_dir.name)
 
 
 def log_lines() -> Callable[[str], None]:

@@ -14,7 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key
+from tasks.common import run_artifact_key
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.retry import best_effort
 
@@ -63,6 +63,6 @@ def export_hf(checkpoint: CheckpointRecord, out_dir: str | None = None) -> HFExp
                             step=checkpoint.step)
     get_run_logger().info("exported step %d as a Hugging Face directory: %s", checkpoint.step, record.path)
     best_effort("the export artifact", create_markdown_artifact, export_markdown(record),
-                key=artifact_key("hf-export", checkpoint.run_dir.name),
+                key=run_artifact_key("hf-export", checkpoint.run_dir),
                 description="the checkpoint as a Hugging Face directory")
     return record

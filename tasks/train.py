@@ -24,7 +24,7 @@ from prefect.artifacts import create_markdown_artifact
 from common.files import JsonLinesTail, read_json, write_json
 from common.paths import under
 from tasks.cache import FileRef, StageCache, StageRecord, stage_key
-from tasks.common import artifact_key, log_lines, reading
+from tasks.common import log_lines, reading, run_artifact_key
 from tasks.evaluate import data_identity
 from tasks.hellaswag import EvalFileRecord
 from tasks.init import MODEL_CODE, CheckpointRecord, WeightsRecord
@@ -163,7 +163,7 @@ def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[
     logger.info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root, nproc, nnodes,
                 launcher)
     log = log_lines()
-    progress = _TrainingProgress(run_dir.metrics, config.max_steps, artifact_key("train-progress", run_id))
+    progress = _TrainingProgress(run_dir.metrics, config.max_steps, run_artifact_key("train-progress", run_dir.root))
 
     def on_line(line: str) -> None:
         log(line)
@@ -217,7 +217,7 @@ def _train_record(run_dir: RunDir, config: TrainConfig, job: SlurmJobRecord | No
         markdown += (f"\nSlurm job {job.job_id} ({job.state}, requeued {job.restarts} time(s)) on nodes {job.nodes}; "
                      f"script {job.script}, output {job.output}\n")
     best_effort("the training summary artifact", create_markdown_artifact, markdown,
-                key=artifact_key("train-summary", run_dir.root.name),
+                key=run_artifact_key("train-summary", run_dir.root),
                 description="final loss, tokens/s and MFU against the reference points")
     return TrainRecord(
         # the data record is one of its files: a run whose record went missing is trained (resumed) again, writing it

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.common import run_artifact_key
+
 transformers = pytest.importorskip("transformers")
 
 TINY_GPT2 = "n_layer=2,n_head=2,n_embd=32,block_size=64,vocab_size=50257"
@@ -60,7 +62,7 @@ def test_export_stage_writes_a_loadable_directory_cached_by_content(prefect_serv
     idx = torch.randint(0, 50257, (1, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=idx).logits, ours(idx)[0], rtol=1e-5, atol=1e-5)
-    artifact = _artifact("hf-export-tiny")
+    artifact = _artifact(run_artifact_key("hf-export", run_dir))
     assert artifact is not None and f'GPT2LMHeadModel.from_pretrained("{out}")' in artifact.data
 
     # same checkpoint content: from cache, nothing rewritten

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 
 from tests.fixtures.processes import free_port, lower_priority, training_processes, wait_for
-from tests.fixtures.deployed import Started, flow_run, flow_run_logs, start_at_once, task_states, wait_for_final_state
+from tasks.common import run_artifact_key
+from tests.fixtures.deployed import (Started, flow_run, flow_run_logs, latest_artifact, start_at_once, task_states,
+                                     wait_for_final_state)
 
 pytestmark = pytest.mark.slow
 
@@ -261,6 +263,25 @@ def test_a_bad_line_in_metrics_jsonl_is_named_and_skipped_and_training_completes
     assert task_states(server, flow_run_id)["train"] == "Completed"
     assert "metrics.jsonl line 4: not valid JSON" in "\n".join(flow_run_logs(server, flow_run_id))
     assert all(json.loads(line) for line in metrics.read_text().splitlines())  # the resumed session dropped it
+
+
+def test_two_run_names_with_the_same_settings_keep_artifacts_of_their_own(server, worker):
+    """Before: the train stage keyed its progress and summary artifacts on the run id alone, which hashes the
+    settings, not the run's name. A second name trained with the same settings wrote newer versions of the first
+    name's keys, so the first name's summary, as the UI shows it, was the other run's (the suite's server showed it:
+    a multi-node test's run and the Slurm test's shared an id, and the Slurm test read two progress artifacts)."""
+    runs = {name: None for name in ("twin-a", "twin-b")}
+    for name in runs:  # one after the other: twin-b's artifacts are the newer
+        completed(server, "gpt2-train/smoke", f"run_name={name}", "max_steps=10")
+        (runs[name],) = (server.tree / "artifacts" / "runs" / name).glob("*/launch_config.json")
+    run_dirs = {name: config.parent for name, config in runs.items()}
+    assert len({d.name for d in run_dirs.values()}) == 1  # one run id, two folders
+    for name, run_dir in run_dirs.items():
+        summary = latest_artifact(server, run_artifact_key("train-summary", run_dir))
+        assert summary is not None, name
+        assert str(run_dir) in summary["data"] and all(str(d) not in summary["data"] for d in run_dirs.values()
+                                                        if d != run_dir), f"{name}'s summary is another run's"
+        assert latest_artifact(server, run_artifact_key("train-progress", run_dir))["data"] == 100.0, name
 
 
 # ---------------------------------------------------------------------------------------------------------

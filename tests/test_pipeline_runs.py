@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.common import run_artifact_key
 from tests.fixtures.corruptions import CORRUPTIONS
 from tests.fixtures.processes import wait_for
 from tests.fixtures.train.tiny import read_metrics
@@ -71,7 +72,7 @@ def test_a_corrupt_final_checkpoint_is_never_recorded_and_training_falls_back(sm
     assert recorded.pop(COMPLETE_MARKER)  # the marker is recorded too: a checkpoint without it is never served
     assert recorded == {n: e["sha256"] for n, e in marker["files"].items()}
 
-    (artifact,) = artifacts(f"train-summary-{run_dir.root.name}", flow_run_id)
+    (artifact,) = artifacts(run_artifact_key("train-summary", run_dir.root), flow_run_id)
     assert "failed verification" in artifact.data and str(final) in artifact.data
 
 
@@ -156,5 +157,5 @@ def test_a_run_starts_from_existing_weights_and_records_their_identity(smoke, tm
     assert first_loss == pytest.approx(expected.item(), rel=1e-5)
 
     # progress followed the metrics file to the end
-    (progress,) = artifacts(f"train-progress-{Path(records['train'].run_dir).name}", flow_run_id)
+    (progress,) = artifacts(run_artifact_key("train-progress", Path(records["train"].run_dir)), flow_run_id)
     assert float(progress.data) == 100.0

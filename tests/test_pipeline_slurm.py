@@ -21,7 +21,8 @@ import torch
 
 from tests.fixtures.processes import free_port, training_processes, wait_for
 from tests.fixtures.slurm import missing_reason, start_cluster
-from tests.fixtures.deployed import LONG_TRAINING, flow_run_logs, task_states, wait_for_final_state
+from tasks.common import run_artifact_key
+from tests.fixtures.deployed import LONG_TRAINING, flow_run_logs, latest_artifact, task_states, wait_for_final_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))]
 
@@ -79,15 +80,6 @@ def losses(run: os.PathLike) -> list[float]:
     return [r["loss"] for r in map(json.loads, lines) if r.get("kind") == "train"]
 
 
-def artifact(server, key: str) -> dict:
-    request = urllib.request.Request(f"{server.env['PREFECT_API_URL']}/artifacts/filter", method="POST",
-                                     data=json.dumps({"artifacts": {"key": {"any_": [key]}}}).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request) as response:
-        (found,) = json.load(response)
-    return found
-
-
 def test_two_slurm_tasks_train_like_one_local_launcher_with_both_ranks(cluster, server, worker):
     flow_run_id = start(server, "on-slurm")
     run = wait_for_final_state(server, flow_run_id)
@@ -107,7 +99,7 @@ def test_two_slurm_tasks_train_like_one_local_launcher_with_both_ranks(cluster, 
     job_id = job_output.stem.removeprefix("job-")
     job = cluster.job(job_id)
     assert (job["JobState"], job["NumTasks"]) == ("COMPLETED", "2")
-    summary = artifact(server, f"train-summary-{slurm_run.name}")["data"]
+    summary = latest_artifact(server, run_artifact_key("train-summary", slurm_run))["data"]
     assert f"Slurm job {job_id} (COMPLETED, requeued 0 time(s)) on nodes {cluster.node}" in summary
     assert str(job_output) in summary
     logs = flow_run_logs(server, flow_run_id)
@@ -115,7 +107,7 @@ def test_two_slurm_tasks_train_like_one_local_launcher_with_both_ranks(cluster, 
     # gpt2.train's console lines, read from the job's output, as the local launcher forwards them
     last = [r for r in map(json.loads, (slurm_run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"][-1]
     assert f"step {last['step']:5d}/20 | loss {last['loss']:.6f}" in "\n".join(logs)
-    assert artifact(server, f"train-progress-{slurm_run.name}")["data"] == 100.0
+    assert latest_artifact(server, run_artifact_key("train-progress", slurm_run))["data"] == 100.0
     assert cluster.queue() == []
 
 
@@ -129,7 +121,7 @@ def test_a_refused_resubmission_leaves_the_completed_jobs_script_and_record_alon
     assert sorted(p.name for p in (slurm_run / "slurm").glob("job*")) == sorted(
         p.name for p in (slurm_run / "slurm").glob("job-*"))  # no draft left
     assert list((slurm_run / "slurm").glob("job-*.sh")) == [script] and script.read_bytes() == before
-    assert str(script) in artifact(server, f"train-summary-{slurm_run.name}")["data"]
+    assert str(script) in latest_artifact(server, run_artifact_key("train-summary", slurm_run))["data"]
 
 
 def test_cancelling_the_flow_run_cancels_the_job(cluster, server, worker):
