@@ -1,0 +1,4 @@
+# call F (right after E, warm: the gpu extra in /tmp/site, the shards and llm.c's results in /mnt/ram/l): ours at d24
+#   and d48 into llm.c's folder, so that bench/run_llmc_gpu.sh's summary gives ours / llm.c on this machine; each run
+#   stopped after its 14th step (stop_after_steps.sh).
+eval "$(cat /tmp/site_env.sh)"; export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-s PYTHONUNBUFFERED=1; S=bench/results/2026-12-06/2-gemm-ceiling-h100/scripts; for m in d24 d48; do PYTHON=$(pwd)/$S/stop_after_steps.sh SHARDS=/mnt/ram/shards OUT=/mnt/ram/l TRAINERS=ours MODELS=$m GPUS=1 STEPS=14 SKIP=6 timeout 280 bash bench/run_llmc_gpu.sh > $OUT/o_console_$m.txt 2>&1; echo "$m rc $? $(date -u +%T)" >> $OUT/times.txt; done; cp /mnt/ram/l/summary.json $OUT/summary.json; cat $OUT/times.txt; grep -E "^(d24|d48) " $OUT/o_console_d48.txt
