@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import threading
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from common.files import write_json
 from gpt2.config import GPTConfig
 
 
@@ -60,7 +60,7 @@ def step_flops(config: GPTConfig, rows: int, micro_steps: int) -> int:
 
 
 class LayerGemms:
-    """One layer's operands, its own weights and fp32 weight-gradient buffer; `run` issues its three GEMMs."""
+    """One layer's operands, its own weights and fp32 weight-gradient buffer, and its three GEMMs."""
 
     def __init__(self, lin: Linear, x: torch.Tensor, dy: torch.Tensor):
         self.weight = 0.02 * torch.randn(lin.fan_out, lin.fan_in, device="cuda", dtype=torch.bfloat16)
@@ -205,13 +205,14 @@ def main(argv: list[str] | None = None) -> int:
               "gemm_tflop_a_step": round(step_flops(config, rows, micro_steps) / 1e12, 2),
               "runs": [measure(config, rows, micro_steps, streams, args.steps) for streams in args.streams]}
     for run in report["runs"]:
-        clocks = f", SM {run['sm_clock_mhz_median']:.0f} MHz, {run['power_w_median']:.0f} W" if "power_w_median" in run else ""
+        clocks = (f", SM {run['sm_clock_mhz_median']:.0f} MHz, {run['power_w_median']:.0f} W"
+                  if "power_w_median" in run else "")
         print(f"{args.model} {rows} rows × {micro_steps} micro-steps, {run['streams']} stream(s): "
-              f"{run['ms_per_step']:.1f} ms a step ({run['ms_min']:.1f}-{run['ms_max']:.1f}), {run['tflops']:.0f} TFLOP/s"
-              f"{clocks} [{report['gpu']}, torch {report['torch']}, {report['date']}]", flush=True)
+              f"{run['ms_per_step']:.1f} ms a step ({run['ms_min']:.1f}-{run['ms_max']:.1f}), "
+              f"{run['tflops']:.0f} TFLOP/s{clocks} [{report['gpu']}, torch {report['torch']}, {report['date']}]",
+              flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(args.json, report)
     return 0
 
 
