@@ -82,7 +82,7 @@ def download_documents(source: str, config: str | None, out_dir: str, limit: int
         refs = [FileRef.with_sha256(f, entry["sha256"]) for f, entry in files]
         num_documents = fineweb.require_documents(fineweb.count_documents(path), source)
     else:
-        report = ProgressReporter(artifact_key("download-progress", Path(out_dir).parent.name),
+        report = ProgressReporter(artifact_key("download-progress", Path(out_dir).parent.name, folder=out_dir),
                                   f"documents of {source} into {out_dir}")
 
         def progress(done: int, total: int | None, unit: str) -> None:

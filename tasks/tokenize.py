@@ -72,7 +72,8 @@ def tokenize(
     from data.shards import build_shards
 
     total = documents.num_documents if limit is None else min(limit, documents.num_documents)
-    report = ProgressReporter(artifact_key("tokenize-progress", name), f"documents tokenized into {out_dir}")
+    report = ProgressReporter(artifact_key("tokenize-progress", name, folder=out_dir),
+                              f"documents tokenized into {out_dir}")
     source = {**json.loads(documents.identity), "limit": limit}
     with reading(documents), writing(out_dir):  # a download rerun waits until the documents are read
         build_shards(iter_documents(documents.path, limit=limit), Path(out_dir), name, shard_size=shard_size,
@@ -83,7 +84,7 @@ def tokenize(
     best_effort(
         "the shards table artifact", create_table_artifact,
         [{"file": f, "split": split, "tokens": ntok} for f, split, ntok in record.shards],
-        key=artifact_key("shards", name),
+        key=artifact_key("shards", name, folder=out_dir),
         description=f"{record.num_tokens:,} tokens in {len(record.shards)} shards under {record.out_dir}; "
         f"documents: {record.source}",
     )

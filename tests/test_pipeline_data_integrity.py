@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from test_pipeline_flows import run_flow, smoke_params, states, task_runs
 
+from flows.config import check_settings
+from tasks.common import artifact_key
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,7 +138,8 @@ def test_tokenize_reports_progress_as_a_prefect_progress_artifact(data_params):
     from flows.pipeline import tokenize_flow
 
     run_flow(tokenize_flow, **{**data_params, "shard_size": 5000})  # a rebuild: documents tokenized
-    key = f"tokenize-progress-{data_params['dataset']}"
+    settings = check_settings(data_params)
+    key = artifact_key("tokenize-progress", settings.dataset, folder=settings.shards_dir)
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     assert artifacts and {a.type for a in artifacts} == {"progress"}
@@ -170,7 +174,8 @@ def test_a_hub_download_records_its_resolved_revision_and_the_files_sha256_and_r
     from data.fineweb import iter_documents
 
     assert list(iter_documents(record.path, limit=60)) == texts[:60]
+    progress_key = artifact_key("download-progress", "hub", folder=check_settings(params).documents_dir)
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["download-progress-hub"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            key=ArtifactFilterKey(any_=[progress_key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     assert [a.data for a in artifacts] == [100.0]

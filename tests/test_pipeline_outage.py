@@ -118,6 +118,9 @@ def test_an_outage_during_tokenizes_progress_updates_costs_an_update_not_the_sta
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.settings import PREFECT_API_URL
 
+    from flows.config import check_settings
+    from tasks.common import artifact_key
+
     from tests.fixtures.outage import Relay
     from tests.test_pipeline_flows import REPO, smoke_params
 
@@ -137,6 +140,8 @@ def test_an_outage_during_tokenizes_progress_updates_costs_an_update_not_the_sta
     assert flow.returncode == 0, output[-4000:]
     assert "could not send progress tokenize-progress-outage" in output, output[-4000:]
     with get_client(sync_client=True) as client:
-        key = ArtifactFilter(key=ArtifactFilterKey(any_=["tokenize-progress-outage"]))
+        settings = check_settings(params)
+        key = ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key("tokenize-progress", "outage",
+                                                                      folder=settings.shards_dir)]))
         (artifact,) = client.read_artifacts(artifact_filter=key)
     assert float(artifact.data) == 100.0  # the last update went through once the server answered again

@@ -583,10 +583,11 @@ def test_event_log_writes_the_summaries_torchs_summary_writer_would(tmp_path):
     assert [(e.step, e.summary) for e in events] == [(7, scalar("val/loss", 3.25)), (8, text("sample", "Hello, wörld"))]
 
 
-def test_artifact_keys_hold_only_what_prefect_takes_and_tell_every_name_apart():
+def test_artifact_keys_hold_only_what_prefect_takes_and_tell_every_name_apart(tmp_path):
     """Prefect's keys take lowercase letters, digits and dashes. A name already of that form reads as it is; any
-    other gets a digest, so names that differ only where the key cannot ("Run_1", "run-1") keep keys of their own,
-    and a run's key names its run, not only its id, which two run names with the same settings share."""
+    other gets a digest, so names that differ only where the key cannot ("Run_1", "run-1") keep keys of their own.
+    A run's key names its run, not only its id (which two run names with the same settings share), and its folder:
+    the same run name and id under two roots on one server keep keys of their own too."""
     from tasks.common import artifact_key, run_artifact_key
 
     names = ("gpt2-124m", "Run_1", "run-1", "run.1", "RUN 1", "run_1")
@@ -594,5 +595,10 @@ def test_artifact_keys_hold_only_what_prefect_takes_and_tell_every_name_apart():
     assert all(re.fullmatch(r"[a-z0-9-]+", key) for key in keys), keys
     assert len(set(keys)) == len(names), keys
     assert keys[0] == "train-summary-gpt2-124m-29651ab2dac1"
-    twins = [run_artifact_key("train-progress", Path("root/runs") / name / "29651ab2dac1") for name in ("a", "b")]
-    assert twins == ["train-progress-a-29651ab2dac1", "train-progress-b-29651ab2dac1"]
+
+    runs = [tmp_path / root / "runs" / name / "29651ab2dac1" for root, name in (("a", "x"), ("a", "y"), ("b", "x"))]
+    run_keys = [run_artifact_key("train-progress", run) for run in runs]
+    assert len(set(run_keys)) == 3, run_keys
+    named = [re.fullmatch(r"train-progress-([a-z]+)-29651ab2dac1-[0-9a-f]{8}", key)[1] for key in run_keys]
+    assert named == ["x", "y", "x"]
+    assert run_artifact_key("train-progress", runs[0]) == run_keys[0]  # the same folder, the same key
