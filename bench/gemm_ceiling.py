@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.train_memory import nvml_uuid
 from common.files import write_json
 from gpt2.config import GPTConfig
 
@@ -123,7 +124,7 @@ class Sampler:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(None).encode())  # CUDA's index is not NVML's
         except Exception:  # noqa: BLE001  (no nvidia-ml-py, or NVML not answering: report without clocks)
             self._nvml = None
         self._thread = threading.Thread(target=self._run, daemon=True)

@@ -59,7 +59,7 @@ class Nvml:
 
         self.nvml = pynvml
         pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByUUID(_nvml_uuid(device).encode())
+        self.handle = pynvml.nvmlDeviceGetHandleByUUID(nvml_uuid(device).encode())
         self.peak_device = self.peak_process = 0
         self.peak_where = ""
         self.where = "start"
@@ -116,7 +116,7 @@ class Nvml:
             self._thread.join(timeout=1)
 
 
-def _nvml_uuid(device: int | None) -> str:
+def nvml_uuid(device: int | None) -> str:
     """NVML's name (GPU-...) of CUDA's device `device` (the current one when None)."""
     uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device).uuid)
     return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"

@@ -19,10 +19,10 @@ from common.locks import folder_lock, folder_read_lock
 
 def artifact_key(*parts: str, folder: str | os.PathLike | None = None) -> str:
     """The Prefect artifact key of `parts` joined by dashes, for an artifact about `folder` (a run, a dataset's
-    shards) where one is given. Keys hold lowercase letters, digits and dashes only, so other characters become
-    dashes. Eight hex digits of a digest follow where that changed anything, so that names the key could not tell
-    apart ("Run_1", "run-1") keep keys of their own; and always for a folder, the digest then covering its absolute
-    path too, so that folders of one name under two roots on one server keep theirs."""
+    shards, an eval file's folder) where one is given. Keys hold lowercase letters, digits and dashes only, so
+    other characters become dashes. Eight hex digits of a digest follow where that changed anything, so that names
+    the key could not tell apart ("Run_1", "run-1") keep keys of their own; and always for a folder, the digest then
+    covering its absolute path too, so that folders of one name under two roots on one server keep theirs."""
     joined = "-".join(parts)
     key = re.sub(r"[^a-z0-9]+", "-", joined.lower()).strip("-")
     identity = [*parts] if folder is None else [*parts, str(Path(folder).resolve())]
@@ -34,8 +34,8 @@ def artifact_key(*parts: str, folder: str | os.PathLike | None = None) -> str:
 def run_artifact_key(kind: str, run_dir: Path) -> str:
     """The key of a run directory's artifact (`root/runs/<run name>/<run id>`): `<kind>-<run name>-<run id>-<digest>`.
     The run id hashes what determines the training, not the run's name or root: two run names trained with the same
-    settings share it, each in its own folder, and an artifact keyed on the id alone became a newer version of the
-    other run's."""
+    settings share it, each in its own folder, and keyed on the id alone one run's artifact would become a newer
+    version of the other run's."""
     return artifact_key(kind, run_dir.parent.name, run_dir.name, folder=run_dir)
 
 

@@ -82,6 +82,6 @@ def prepare_hellaswag(source: str, out_dir: str) -> EvalFileRecord:
         "the HellaSwag eval file artifact", create_markdown_artifact,
         f"HellaSwag: {record.num_examples:,} examples from `{source}` (sha256 `{record.source_sha256}`) in "
         f"`{record.path}`",
-        key=artifact_key("hellaswag", "eval-file"),
+        key=artifact_key("hellaswag-eval-file", folder=out_dir),
     )
     return record

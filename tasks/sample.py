@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from common.files import read_json
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import artifact_key, log_lines, python_module
+from tasks.common import log_lines, python_module, run_artifact_key
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.launch import run_streaming
 from tasks.retry import best_effort
@@ -36,5 +36,5 @@ def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_
     samples = tuple(read_json(path)["samples"])
     text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
     best_effort("the samples artifact", create_markdown_artifact, f"# Samples at step {checkpoint.step}\n\n{text}\n",
-                key=artifact_key("samples"))
+                key=run_artifact_key("samples", checkpoint.run_dir))
     return SampleRecord(files=(FileRef.of(path),), samples=samples)

@@ -96,9 +96,11 @@ def test_changed_hellaswag_source_writes_the_new_eval_file(data_params, tmp_path
     assert read_eval_file(records["hellaswag"].path) == [render_example(r, i) for i, r in enumerate(iter_jsonl(three))]
     digest = hashlib.sha256(three.read_bytes()).hexdigest()
     assert records["hellaswag"].source_sha256 == digest
+    key = artifact_key("hellaswag-eval-file", folder=check_settings({**data_params, "hellaswag_source": str(three)})
+                       .hellaswag_dir)
     with get_client(sync_client=True) as client:
         (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["hellaswag-eval-file"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+            key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     assert str(three) in artifact.data and digest in artifact.data and "3 examples" in artifact.data
 
 

@@ -175,6 +175,13 @@ def test_smoke_pipeline_end_to_end_offline(smoke):
         (summary,) = client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["gpt2-pretrain-summary"]), flow_run_id=ArtifactFilterFlowRunId(any_=[smoke.flow_run_id])))
     assert "3.28" in summary.data and "0.2955" in summary.data and f"{evaluation.val_loss:.4f}" in summary.data
+    from tasks.common import run_artifact_key
+
+    with get_client(sync_client=True) as client:  # the samples under the run's own key
+        (samples,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[run_artifact_key("samples", Path(run.run_dir))]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[smoke.flow_run_id])))
+    assert all(text in samples.data for text in records["sample"].samples)
 
 
 def test_second_run_is_all_from_cache(smoke):

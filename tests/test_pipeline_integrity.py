@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.processes import free_port, lower_priority, training_processes, wait_for
 from tasks.common import run_artifact_key
+from tests.fixtures.processes import free_port, lower_priority, training_processes, wait_for
 from tests.fixtures.deployed import (Started, flow_run, flow_run_logs, latest_artifact, start_at_once, task_states,
                                      wait_for_final_state)
 
