@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterable, Iterator
@@ -163,10 +164,45 @@ def remove_stale_tmp_dirs(directory: str | os.PathLike) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+class NotJsonNumber(ValueError):
+    """A float JSON has no spelling for (NaN, Infinity) in a record about to be written; the message names the
+    file and the key that holds it."""
+
+
+def json_text(obj: object, where: str | os.PathLike, indent: int | None = None) -> str:
+    """`obj` as strict JSON: the one serializer of every JSON file this project writes (write_json, JSON-lines
+    logs, checkpoints). Python's default writes NaN and Infinity, which no JSON reader has to accept; a missing
+    number is written `null`, with a field saying why, by the code that knows. A non-finite float raises
+    NotJsonNumber naming `where` (the file) and the key that holds it."""
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False)
+    except ValueError:
+        found = _first_non_finite(obj)
+        if found is None:  # another ValueError (a circular reference): not ours to name
+            raise
+    key, value = found
+    raise NotJsonNumber(f"{where}: {key} is {value}, which JSON cannot hold; nothing was written (a number that "
+                        "is missing is written as null, with the reason)")
+
+
+def _first_non_finite(obj: object, key: str = "") -> tuple[str, float] | None:
+    """(the path of the first NaN or infinite float in `obj`, e.g. `hellaswag.acc` or `rows[2]`, the float), or
+    None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return key or "the value", obj
+    if isinstance(obj, dict):
+        children = [(f"{key}.{name}" if key else str(name), value) for name, value in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        children = [(f"{key}[{i}]", value) for i, value in enumerate(obj)]
+    else:
+        return None
+    return next(filter(None, (_first_non_finite(value, child) for child, value in children)), None)
+
+
 def write_json(path: str | os.PathLike, obj: object) -> None:
-    """Write `obj` as indented JSON, atomically (its folder created if missing)."""
+    """Write `obj` as indented strict JSON (`json_text`), atomically (its folder created if missing)."""
+    text = json_text(obj, path, indent=2) + "\n"
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(obj, indent=2) + "\n"
     with atomic_path(path, size=len(text.encode())) as tmp:
         tmp.write_text(text)
 
@@ -200,13 +236,37 @@ def iter_jsonl_records(
     path: str | os.PathLike, error: type[Exception] = ValueError, name: str | None = None,
     skip_bad: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[str, object]]:
-    """("FILE line N", parsed value) for each non-blank line. A line that is not JSON raises `error` naming the
-    file and line; with `skip_bad` (the readers of our own logs, which one bad line must never stop) it is
-    skipped instead and named once through `skip_bad`. `name` replaces the path in messages (e.g. the URL it
-    came from)."""
-    # a log's damaged bytes are one bad line; an input's are an error (never silently replaced)
-    with open(path, encoding="utf-8", errors="strict" if skip_bad is None else "replace") as f:
-        yield from _parsed_lines(enumerate(f, start=1), name or str(path), error, skip_bad)
+    """("FILE line N", parsed value) for each non-blank line. A line that is not UTF-8 or not JSON raises `error`
+    naming the file and line (and the bad byte's offset in the file); with `skip_bad` (the readers of our own
+    logs, which one bad line must never stop) it is skipped instead and named once through `skip_bad`. `name`
+    replaces the path in messages (e.g. the URL it came from)."""
+    name = name or str(path)
+    with open(path, "rb") as f:  # bytes: each line is decoded by itself, so a bad byte is named where it is
+        yield from _parsed_lines(_decoded_lines(f, name, error, replace=skip_bad is not None), name, error, skip_bad)
+
+
+def _decoded_lines(lines: Iterable[bytes], name: str, error: type[Exception],
+                   replace: bool) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of each line of a file read as bytes. A log's damaged bytes are one bad line
+    (`replace`: they become U+FFFD and the line fails as JSON, if at all); an input's are an error naming the
+    line and the byte's offset in the file (`utf8_text`), never silently replaced."""
+    offset = 0
+    for line_no, raw in enumerate(lines, start=1):
+        text = raw.decode(errors="replace") if replace else utf8_text(raw, f"{name} line {line_no}", error, offset)
+        offset += len(raw)
+        yield line_no, text
+
+
+def utf8_text(raw: bytes, where: str, error: type[Exception], offset: int = 0, of: str = "the file") -> str:
+    """`raw` decoded as UTF-8, the one check of every reader of user text (JSON lines, parquet values). Bytes that
+    are not UTF-8 raise `error` naming `where` (a file and line, or row and column), the first bad byte and its
+    offset in `of` (`offset`: where `raw` starts in it). Python's own error names no file, and its position
+    counts from the start of whatever buffer it was decoding."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start:,} of {of} "
+                    f"({e.reason}); save the input as UTF-8, or remove the bad bytes") from None
 
 
 def _parsed_lines(numbered: Iterable[tuple[int, str]], name: str, error: type[Exception],
@@ -313,7 +373,7 @@ class JsonLinesFile(AppendOnlyFile):
         super().__init__(path)
 
     def append_record(self, record: object) -> None:
-        self.append((json.dumps(record) + "\n").encode())
+        self.append((json_text(record, self.path) + "\n").encode())
 
 
 def repair_torn_tail(path: str | os.PathLike, skip_bad: Callable[[str], None] = warn) -> None:

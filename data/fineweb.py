@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from common.cli import run_cli
 from common.files import (atomic_path, iter_jsonl_records, naming_disk_full, read_json, require_free_space,
-                          sha256_file, write_json)
+                          sha256_file, utf8_text, write_json)
 
 FINEWEB_DATASETS = ("HuggingFaceFW/fineweb", "HuggingFaceFW/fineweb-edu")
 FINEWEB_CONFIGS = ("sample-10BT", "sample-100BT")
@@ -75,9 +75,36 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, object]]:
         raise DocumentError(f"{path}: no '{TEXT_COLUMN}' column (columns: {pf.schema_arrow.names})")
     row = 0
     for batch in pf.iter_batches(columns=[TEXT_COLUMN], batch_size=4096):
-        for text in batch.column(0).to_pylist():
+        for text in _python_values(batch.column(0), path, pf.metadata, row):
             yield f"{path} row {row}", text
             row += 1
+
+
+def _python_values(column, path: Path, metadata, first_row: int) -> list:
+    """A batch's text column as Python values; a value that is not UTF-8 raises DocumentError naming the file,
+    row, row group and column (pyarrow's own UnicodeDecodeError names none of them)."""
+    import pyarrow as pa
+
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        as_bytes = column.view(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
+        for i, raw in enumerate(as_bytes.to_pylist()):
+            if raw is not None:
+                row = first_row + i
+                group, row_in_group = _row_group_of(metadata, row)
+                utf8_text(raw, f"{path} row {row} (row group {group}, its row {row_in_group}), column "
+                               f"'{TEXT_COLUMN}'", DocumentError, of="the value")
+        raise  # every value decodes by itself: not a text problem of the file's, so pyarrow's error stands
+
+
+def _row_group_of(metadata, row: int) -> tuple[int, int]:
+    """(row group, row within it) of a parquet file's `row`, from its metadata."""
+    for group in range(metadata.num_row_groups):
+        if row < (rows := metadata.row_group(group).num_rows):
+            return group, row
+        row -= rows
+    raise IndexError(f"row {row} past the last row group")
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, object]]:
@@ -195,7 +222,7 @@ def iter_documents(
 
     source: see `parse_source`: a local parquet/jsonl file or folder, or a hub dataset (streamed, `train`
     split, `config` such as "sample-10BT", at `revision`, e.g. the one `source_identity` resolved).
-    Raises DocumentError naming the file and row of a document whose text is missing or not a string.
+    Raises DocumentError naming the file and row of a document whose text is missing, not a string or not UTF-8.
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")

@@ -59,6 +59,10 @@ class EvalFileError(ValueError):
     """A HellaSwag jsonl or eval file is malformed; the message names the file and the example."""
 
 
+class EmptyEvalSource(EvalFileError):
+    """A HellaSwag jsonl or eval file with no examples: a score of nothing is no score; the message names it."""
+
+
 @dataclass(frozen=True)
 class Example:
     index: int  # position in the source jsonl
@@ -101,7 +105,9 @@ def download(dest: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VAL_
 
 
 def iter_jsonl(path: str | os.PathLike, name: str | None = None) -> Iterator[dict]:
-    """Yield the HellaSwag records of a jsonl file, checking the fields rendering needs."""
+    """Yield the HellaSwag records of a jsonl file, checking the fields rendering needs; a file without any is
+    EmptyEvalSource."""
+    examples = 0
     for where, record in iter_jsonl_records(path, EvalFileError, name):
         endings = record.get("endings") if isinstance(record, dict) else None
         if not (
@@ -117,7 +123,11 @@ def iter_jsonl(path: str | os.PathLike, name: str | None = None) -> Iterator[dic
         # type(...) is int: JSON's true and 1.0 compare equal to 1 but are not labels
         if type(label) is not int or not 0 <= label < NUM_ENDINGS:
             raise EvalFileError(f"{where}: 'label' is {json.dumps(label)}, expected an integer 0-{NUM_ENDINGS - 1}")
+        examples += 1
         yield record
+    if not examples:
+        raise EmptyEvalSource(f"{name or path} holds no HellaSwag examples: nothing to score; point hellaswag_source "
+                              "at a jsonl file with examples in it, or set it to null for no HellaSwag")
 
 
 def render_example(record: dict, index: int, enc: tiktoken.Encoding | None = None) -> Example:
@@ -173,6 +183,9 @@ def read_eval_file(path: str | os.PathLike) -> list[Example]:
     header = np.frombuffer(raw[:HEADER_BYTES], dtype="<i4")
     if header[0] != MAGIC or header[1] != VERSION:
         raise EvalFileError(f"{path}: header starts {header[0]}, {header[1]}; an eval file starts {MAGIC}, {VERSION}")
+    if header[2] < 1:
+        raise EmptyEvalSource(f"{path}: its header counts {header[2]} examples: nothing to score; write it again "
+                              "from a HellaSwag jsonl with examples in it (python -m data.hellaswag)")
     stream = np.frombuffer(raw[HEADER_BYTES:], dtype="<u2").tolist()
     examples, pos = [], 0
     for i in range(int(header[2])):
@@ -183,6 +196,8 @@ def read_eval_file(path: str | os.PathLike) -> list[Example]:
         index, label, num_endings, ctx_len = stream[pos + 2 : ctx_start]
         if end > len(stream) or num_endings != NUM_ENDINGS:
             raise _corrupt(path, i, f"claims {stream[pos + 1]} bytes and {num_endings} endings")
+        if label >= NUM_ENDINGS:
+            raise _corrupt(path, i, f"has label {label}, not one of its {NUM_ENDINGS} endings (0-{NUM_ENDINGS - 1})")
         cursor = ctx_start + ctx_len
         ctx, endings = stream[ctx_start:cursor], []
         for _ in range(num_endings):
@@ -311,7 +326,9 @@ def evaluate(
     a list of ints over all ranks (e.g. built on torch.distributed.all_reduce), to get global results on
     every rank; without it the counts and accuracies are this rank's share only.
     limit: score only the first `limit` examples of the file.
-    Returns {"acc", "acc_norm", "n", "correct", "correct_norm"}.
+    Returns {"acc", "acc_norm", "n", "correct", "correct_norm"}; where no example was scored (`limit` 0, or a
+    rank's share without `all_reduce` on a file with fewer examples than ranks), acc and acc_norm are None and
+    "no_score" says why (JSON has no NaN to write).
     """
     if examples_per_batch < 1:
         raise ValueError(f"examples_per_batch must be at least 1, got {examples_per_batch}")
@@ -334,13 +351,10 @@ def evaluate(
     n = len(examples)
     if all_reduce is not None:
         correct, correct_norm, n = all_reduce([correct, correct_norm, n])
-    return {
-        "acc": correct / n if n else float("nan"),
-        "acc_norm": correct_norm / n if n else float("nan"),
-        "n": n,
-        "correct": correct,
-        "correct_norm": correct_norm,
-    }
+    counts = {"n": n, "correct": correct, "correct_norm": correct_norm}
+    if not n:
+        return {"acc": None, "acc_norm": None, **counts, "no_score": "no examples scored (0 of the eval file's)"}
+    return {"acc": correct / n, "acc_norm": correct_norm / n, **counts}
 
 
 def main(argv: list[str] | None = None) -> None:

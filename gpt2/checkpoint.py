@@ -22,7 +22,6 @@ without the marker is never used; one whose files differ from the sizes or hashe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -37,7 +36,7 @@ from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
 from common.cli import run_cli
-from common.files import atomic_directory, parse_json, require_free_space, sha256_file, write_json
+from common.files import atomic_directory, json_text, parse_json, require_free_space, sha256_file, write_json
 # the files' part of the checkpoint API, torch-free, is gpt2.checkpoint_files; importers of this module get it too
 from gpt2.checkpoint_files import (COMPLETE_MARKER, DATA_FILE, MODEL_FILE, PICKLED_STATE_FILE,  # noqa: F401
                                    REJECTED_SUFFIX, TENSORS_FILE, CheckpointError, RejectedCheckpoint, is_complete,
@@ -75,7 +74,7 @@ def _write_checkpoint(final: Path, step: int, state: dict[str, Any], model: GPT,
     from gpt2.llmc import model_file_size, write_model_file
 
     data, tensors = _split_tensors(state)
-    text = json.dumps(data) + "\n"
+    text = json_text(data, final / DATA_FILE) + "\n"
     needed = sum(t.nbytes for t in tensors.values()) + len(text.encode()) + model_file_size(model, model_file_dtype)
     require_free_space(final, needed)
     with atomic_directory(final, needed) as tmp:

@@ -11,7 +11,6 @@ its own slice and the results are reduced.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from common.cli import run_cli
-from common.files import write_json
+from common.files import json_text, write_json
 from data.loader import DistributedDataLoader
 from gpt2.config import DEVICE_HELP, DEVICES, DTYPES
 from gpt2.distributed import DistContext, all_reduce_mean, all_reduce_sum, autocast_context, setup, teardown
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result.update(evaluate_model(model, ctx, args.val_data, args.hellaswag, args.batch_size, args.seq_len,
                                      args.val_steps, args.dtype))
         if ctx.is_master:
-            print(json.dumps(result), flush=True)
+            print(json_text(result, "the result on stdout"), flush=True)
             if args.out:
                 write_json(args.out, result)
         clean = True

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from common.files import AppendOnlyFile, JsonLinesFile, atomic_path, naming_disk_full, read_log_records
+from common.files import AppendOnlyFile, JsonLinesFile, atomic_path, json_text, naming_disk_full, read_log_records
 from gpt2.config import GPTConfig
 from gpt2.run_dir import RunDir
 
@@ -155,7 +155,7 @@ class MetricsLogger:
         if not self.path.exists():
             return []
         kept = [record for record in read_metrics(self.path) if record["step"] < start_step]
-        text = "".join(json.dumps(r) + "\n" for r in kept)
+        text = "".join(json_text(r, self.path) + "\n" for r in kept)
         with atomic_path(self.path, size=len(text.encode())) as tmp:
             tmp.write_text(text)
         return kept

@@ -1,5 +1,6 @@
 """Document sources: local parquet/jsonl folders, the hub path (faked), and the local parquet cache."""
 
+import itertools
 import json
 import sys
 import types
@@ -110,3 +111,35 @@ def test_unfinished_download_for_other_settings_is_refused(local_source, tmp_pat
     (cache / "download.json").write_text(json.dumps({"local": [], "limit": 3, "docs_per_file": 3}))
     with pytest.raises(FileExistsError, match=r"download\.json was written for another input or settings"):
         download(str(local_source), None, cache, limit=None, docs_per_file=3)
+
+
+def _parquet_with_bytes(path, values: list[bytes], row_group_size: int) -> None:
+    """A parquet file whose string column holds `values` as they are, valid UTF-8 or not (pyarrow builds a
+    string array from its buffers without checking them, as another writer may have)."""
+    offsets = pa.array([0, *itertools.accumulate(len(v) for v in values)], type=pa.int32()).buffers()[1]
+    column = pa.Array.from_buffers(pa.string(), len(values), [None, offsets, pa.py_buffer(b"".join(values))])
+    pq.write_table(pa.table({"text": column}), path, row_group_size=row_group_size)
+
+
+def test_invalid_utf8_in_a_jsonl_corpus_names_the_file_line_and_byte_offset(tmp_path):
+    """Before: `UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 6090`, no file, no line, and
+    a position within Python's read buffer, not the file."""
+    path = tmp_path / "c.jsonl"
+    lines = [json.dumps({"text": f"document {i} " + "words " * 200}).encode() + b"\n" for i in range(40)]
+    bad = b'{"text": "bad \xff\xfe"}\n'
+    path.write_bytes(b"".join(lines) + bad)
+    offset = sum(map(len, lines)) + bad.index(b"\xff")
+    with pytest.raises(DocumentError) as info:
+        list(iter_documents(path))
+    assert str(info.value).startswith(f"{path} line 41: not UTF-8 text: byte 0xff at byte offset {offset:,} of "
+                                      "the file (invalid start byte)"), info.value
+
+
+def test_invalid_utf8_in_a_parquet_corpus_names_the_file_row_group_row_and_column(tmp_path):
+    """Before: pyarrow's `UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 1`, naming nothing."""
+    path = tmp_path / "c.parquet"
+    _parquet_with_bytes(path, [b"one", b"two", b"three", b"f\xffour"], row_group_size=3)
+    with pytest.raises(DocumentError) as info:
+        list(iter_documents(path))
+    assert str(info.value).startswith(f"{path} row 3 (row group 1, its row 0), column 'text': not UTF-8 text: "
+                                      "byte 0xff at byte offset 1 of the value (invalid start byte)"), info.value

@@ -161,6 +161,17 @@ def test_batched_ranks_add_up_to_the_hand_scores(hand_eval_file, world_size):
     assert totals == [2, 4, 4]
 
 
+def test_a_rank_with_no_examples_writes_no_score_with_its_reason_not_nan(hand_eval_file, tmp_path):
+    """Before: {"acc": NaN, "acc_norm": NaN, "n": 0}, which write_json wrote into a file no JSON reader must accept."""
+    from common.files import read_json, write_json
+
+    result = evaluate(fake_logits, hand_eval_file, rank=4, world_size=5, progress=False)  # 4 examples, 5 ranks
+    assert result == {"acc": None, "acc_norm": None, "n": 0, "correct": 0, "correct_norm": 0,
+                      "no_score": "no examples scored (0 of the eval file's)"}
+    write_json(tmp_path / "score.json", result)
+    assert json.loads((tmp_path / "score.json").read_text(), parse_constant=pytest.fail) == result
+
+
 def test_bad_batch_size_is_refused(hand_eval_file):
     with pytest.raises(ValueError, match="examples_per_batch must be at least 1, got 0"):
         evaluate(fake_logits, hand_eval_file, examples_per_batch=0, progress=False)
@@ -233,3 +244,40 @@ def test_tiny_gpt_batched_equals_rows_alone(tmp_path):
         batches = [mine[i : i + examples_per_batch] for i in range(0, len(mine), examples_per_batch)]
         assert shapes == [(4 * len(b), max(len(ex.ctx_tokens) + len(e) for ex in b for e in ex.ending_tokens))
                           for b in batches]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_an_eval_source_with_no_examples_is_refused_naming_it(tmp_path, text):
+    """Before: accepted, and every later HellaSwag score was NaN of n 0."""
+    from data.hellaswag import EmptyEvalSource
+
+    source = tmp_path / "empty.jsonl"
+    source.write_text(text)
+    with pytest.raises(EmptyEvalSource, match=rf"^{source} holds no HellaSwag examples: nothing to score"):
+        prepare(tmp_path / "out", source)
+    assert not (tmp_path / "out" / "hellaswag_val.bin").exists()
+
+
+def test_invalid_utf8_in_an_eval_source_names_the_file_line_and_byte_offset(tmp_path):
+    """Before: `UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 68`, naming no file."""
+    source = tmp_path / "h.jsonl"
+    good = FIXTURE.read_bytes().splitlines(keepends=True)[:2]
+    bad = b'{"ctx": "a \xff", "endings": ["b", "c", "d", "e"], "label": 0}\n'
+    source.write_bytes(b"".join(good) + bad)
+    offset = sum(map(len, good)) + bad.index(b"\xff")
+    with pytest.raises(EvalFileError, match=rf"^{source} line 3: not UTF-8 text: byte 0xff at byte offset "
+                                            rf"{offset:,} of the file \(invalid start byte\)"):
+        prepare(tmp_path / "out", source)
+
+
+def test_an_eval_file_with_no_examples_or_a_label_past_its_endings_is_refused_naming_it(tmp_path):
+    """Before: an eval file of 0 examples scored NaN; one whose label is 7 scored it wrong, every time."""
+    from data.hellaswag import EmptyEvalSource
+
+    path = tmp_path / "hellaswag_val.bin"
+    write_eval_file(path, [])
+    with pytest.raises(EmptyEvalSource, match=rf"^{path}: its header counts 0 examples: nothing to score"):
+        read_eval_file(path)
+    write_eval_file(path, [HAND_EXAMPLES[0], Example(index=1, label=7, ctx_tokens=[1], ending_tokens=[[3]] * 4)])
+    with pytest.raises(EvalFileError, match=rf"^{path}: example 1 has label 7, not one of its 4 endings \(0-3\)"):
+        read_eval_file(path)

@@ -216,3 +216,15 @@ def test_an_empty_corpus_is_refused_naming_it_and_writes_no_manifest(tmp_path, m
     assert result.returncode != 0
     assert f"EmptySource: {empty} holds no documents: nothing to tokenize" in result.stderr, result.stderr[-2000:]
     assert not (out / "manifest.json").exists()
+
+
+def test_invalid_utf8_in_a_corpus_ends_the_cli_with_one_error_line_naming_file_line_and_offset(tmp_path):
+    """Before: `error: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 23: invalid start byte`."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_bytes(b'{"text": "fine"}\n{"text": "bad \xff\xfe"}\n')
+    command = [sys.executable, "-m", "data.shards", "--source", str(corpus), "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"error: DocumentError: {corpus} line 2: not UTF-8 text: byte 0xff at byte offset 31 of the file (invalid "
+        "start byte); save the input as UTF-8, or remove the bad bytes"), result.stderr[-2000:]

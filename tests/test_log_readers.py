@@ -86,3 +86,24 @@ def test_an_input_file_line_that_is_not_json_is_still_an_error(damaged):
     with pytest.raises(ValueError, match=f"{re.escape(str(damaged))} line 4: not valid JSON"):
         list(iter_jsonl_records(damaged))
     assert len(read_log_records(damaged, lambda message: None)) == 6
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_no_json_writer_writes_a_number_json_cannot_hold(tmp_path, value):
+    """NaN and Infinity are not JSON: before, write_json wrote `"acc": NaN` into evaluations/step_*.json. Every JSON
+    writer goes through common.files.json_text, which refuses them naming the file and the key; nothing is written."""
+    from common.files import NotJsonNumber, write_json
+
+    target = tmp_path / "step_20.json"
+    record = {"step": 20, "hellaswag": {"n": 0, "acc": value}}
+    with pytest.raises(NotJsonNumber, match=rf"^{target}: hellaswag\.acc is {value}, which JSON cannot hold"):
+        write_json(target, record)
+    assert list(tmp_path.iterdir()) == []
+
+    log = tmp_path / "metrics.jsonl"
+    file = JsonLinesFile(log)
+    file.append_record({"step": 1, "loss": 3.0})
+    with pytest.raises(NotJsonNumber, match=rf"^{log}: losses\[1\] is {value}, which JSON cannot hold"):
+        file.append_record({"step": 2, "losses": [3.0, value]})
+    file.close()
+    assert log.read_text() == '{"step": 1, "loss": 3.0}\n'

@@ -6,6 +6,8 @@ an error a rerun would meet again fails its stage on the first attempt (finding 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.fixtures.deployed import (Started, flow_run_logs, outcome, refused_before_any_stage, start, start_at_once,
@@ -13,6 +15,7 @@ from tests.fixtures.deployed import (Started, flow_run_logs, outcome, refused_be
 
 pytestmark = pytest.mark.slow
 
+REPO = Path(__file__).resolve().parent.parent
 HUGE_MODEL = "n_layer=1,n_head=1,n_embd=100000,block_size=100000"
 
 
@@ -81,3 +84,50 @@ def test_a_diverged_run_fails_at_once(server, worker):
     assert "TrainingDivergedError" in said
     train = task_runs(server, flow_run_id)["train"]
     assert (train["state"]["type"], train["run_count"]) == ("FAILED", 1)
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs(server, tmp_path_factory) -> dict[str, tuple[Started, str, str]]:
+    """Inputs a user may hand over that no stage can use, each in a run of its own, all started at once:
+    {case: (the run, the stage that must fail at once, what its error line must say)}. A corpus and a HellaSwag
+    source whose last line holds bytes that are not UTF-8, and a HellaSwag source with no examples."""
+    folder = tmp_path_factory.mktemp("bad-inputs")
+    good_eval = (REPO / "tests" / "fixtures" / "pipeline" / "hellaswag_mini.jsonl").read_bytes()
+    files = {"corpus.jsonl": b'{"text": "a document"}\n{"text": "bad \xff\xfe"}\n',
+             "eval.jsonl": good_eval + b'{"ctx": "bad \xff", "endings": ["a", "b", "c", "d"], "label": 0}\n',
+             "empty.jsonl": b""}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    corpus, bad_eval, empty = (folder / name for name in files)
+
+    def not_utf8(name: str) -> str:  # the first bad byte's line (1-based) and offset in the file (0-based)
+        offset = files[name].index(b"\xff")
+        line = files[name][:offset].count(b"\n") + 1
+        return f"line {line}: not UTF-8 text: byte 0xff at byte offset {offset:,} of the file"
+
+    started = start_at_once(server, {
+        "corpus": ("gpt2-tokenize/smoke", f"source={corpus}", "dataset=badbytes"),
+        "eval": ("gpt2-hellaswag/smoke", f"hellaswag_source={bad_eval}"),
+        "empty": ("gpt2-train/smoke", "run_name=emptyeval", f"hellaswag_source={empty}"),
+    })
+    return {
+        "corpus": (started["corpus"], "tokenize", f"DocumentError: {corpus} {not_utf8('corpus.jsonl')}"),
+        "eval": (started["eval"], "hellaswag", f"EvalFileError: {bad_eval} {not_utf8('eval.jsonl')}"),
+        "empty": (started["empty"], "hellaswag", f"EmptyEvalSource: {empty} holds no HellaSwag examples"),
+    }
+
+
+@pytest.mark.parametrize("case", ["corpus", "eval", "empty"])
+def test_an_input_no_stage_can_use_fails_its_stage_at_once_naming_file_line_and_byte(server, worker, bad_input_runs,
+                                                                                     case):
+    """Before: the corpus failed tokenize with `UnicodeDecodeError: ... byte 0xff in position 6090`, naming no file
+    or line; the HellaSwag source likewise; the empty HellaSwag source was accepted and every stage completed,
+    scoring `"acc": NaN, "n": 0`. Now the stage that reads it fails on its first attempt with one error line, and
+    no stage that needs it (train) runs."""
+    started, stage, message = bad_input_runs[case]
+    run, said = outcome(server, started)
+    assert run["state"]["type"] == "FAILED", run["state"]
+    assert message in said, said[-3000:]
+    runs = task_runs(server, started.flow_run_id)
+    assert (runs[stage]["state"]["type"], runs[stage]["run_count"]) == ("FAILED", 1), runs[stage]
+    assert task_states(server, started.flow_run_id).get("train", "NotReady") == "NotReady"  # never started
