@@ -247,7 +247,8 @@ def prepare(out_dir: str | os.PathLike, source: str | os.PathLike = HELLASWAG_VA
     manifest_path = out_dir / MANIFEST
     recorded = read_json(manifest_path) if manifest_path.exists() else {}
     source_sha256 = _source_sha256(source, recorded)
-    if recorded and source_sha256 == recorded["source_sha256"] and _intact(out_dir, recorded):
+    # a folder of no examples (written before they were refused) is never kept: its source is refused again
+    if recorded.get("num_examples") and source_sha256 == recorded["source_sha256"] and _intact(out_dir, recorded):
         return out
     manifest_path.unlink(missing_ok=True)
     jsonl = download(out_dir, source)

@@ -258,6 +258,24 @@ def test_an_eval_source_with_no_examples_is_refused_naming_it(tmp_path, text):
     assert not (tmp_path / "out" / "hellaswag_val.bin").exists()
 
 
+def test_an_eval_folder_of_no_examples_left_by_an_earlier_version_is_not_kept(tmp_path):
+    """Before the refusal, an empty source gave a complete-looking folder (an eval file of 0 examples, its
+    manifest); kept as it was, training would meet it only at its first HellaSwag evaluation."""
+    from common.files import sha256_file, write_json
+    from data.hellaswag import EmptyEvalSource
+
+    source, out = tmp_path / "empty.jsonl", tmp_path / "out"
+    source.write_text("")
+    out.mkdir()
+    (out / "hellaswag_val.jsonl").write_text("")
+    write_eval_file(out / "hellaswag_val.bin", [])
+    files = {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(out.iterdir())}
+    write_json(out / "manifest.json", {"source": str(source), "source_sha256": sha256_file(source),
+                                       "num_examples": 0, "files": files})
+    with pytest.raises(EmptyEvalSource, match=rf"^{source} holds no HellaSwag examples"):
+        prepare(out, source)
+
+
 def test_invalid_utf8_in_an_eval_source_names_the_file_line_and_byte_offset(tmp_path):
     """Before: `UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 68`, naming no file."""
     source = tmp_path / "h.jsonl"
