@@ -1,0 +1,86 @@
+"""Several starts of one output at the same moment, through the suite's real server and worker: a training run
+started three times at once is trained by one session and every start ends Completed, resumed from what that
+session left; two exports of one checkpoint at once publish it once, whole. The moment that decides the race is
+forced: the test holds the output's lock (common.locks, as a running writer holds it) until every start has
+decided to write it and waits, then lets them all go at once.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.locks import folder_lock
+from tests.fixtures.deployed import (flow_run_logs, start_at_once, task_states, wait_for_final_state, wait_until)
+
+pytestmark = pytest.mark.slow
+
+STARTS = 3
+STEPS = 4
+RUN = ("gpt2-train/smoke", "run_name=thrice", f"max_steps={STEPS}", "val_every=0")
+
+
+def _all_waiting(server, flow_run_ids: list[str], holder: str) -> None:
+    """Every flow run has logged that it waits for the lock `holder` names."""
+    wait_until(lambda: all(any(holder in line for line in flow_run_logs(server, i)) for i in flow_run_ids), 300,
+               f"every start to wait for {holder}")
+
+
+def _started_together(server, run: tuple[str, ...], lock_of: Path) -> list[str]:
+    """STARTS flow runs of `run`, all of them past their decision to write `lock_of`'s folder before any can:
+    the test holds its lock until each has said it waits, then lets go."""
+    with folder_lock(lock_of):
+        started = start_at_once(server, {n: run for n in range(STARTS)})
+        flow_run_ids = [s.flow_run_id for s in started.values()]
+        _all_waiting(server, flow_run_ids, f"{lock_of.name} is being written by pid ")
+    return flow_run_ids
+
+
+def _completed(server, flow_run_id: str) -> list[str]:
+    """The logs of a flow run that must have ended Completed."""
+    state = wait_for_final_state(server, flow_run_id)
+    logs = flow_run_logs(server, flow_run_id)
+    assert state["state"]["type"] == "COMPLETED", (state["state"]["message"], logs[-20:])
+    return logs
+
+
+def test_three_starts_of_one_run_at_once_are_one_training_session_and_all_complete(server, worker):
+    """Before: one completed; the others failed for good, `train: Failed: ... FolderLocked: .../thrice/... is
+    being written by pid N ... wait for that writer to end` (the stage waits for the lock only while it
+    writes the run's config; the trainers then race for it and the losers are refused)."""
+    first = server.run(*RUN[:1], *[a for p in RUN[1:] for a in ("--param", p)])
+    _completed(server, first)  # the run's directory, whose name (the run's id) the test must know to hold its lock
+    (run_dir,) = (server.tree / "artifacts" / "runs" / "thrice").glob("[0-9a-f]*")
+    shutil.rmtree(run_dir)  # the run as if never trained: its cached record's files are gone, so each start trains
+
+    flow_run_ids = _started_together(server, RUN, run_dir)
+    logs = [_completed(server, i) for i in flow_run_ids]
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(STEPS))  # one session, no duplicate
+    sessions = [next(line for line in said if "start step " in line) for said in logs]
+    assert sorted(s.split("start step ")[1] for s in sessions) == [f"0/{STEPS}"] + [f"{STEPS}/{STEPS}"] * (STARTS - 1)
+    for said in logs:  # each start that had to wait said so once, however often it waited
+        assert sum("waiting for the lock: " in line and run_dir.name in line for line in said) == 1, said
+
+
+def test_two_exports_of_one_checkpoint_at_once_publish_it_once_whole(server, worker):
+    """Before: no lock; each export removed the other's directory before renaming its own into place, and one
+    failed (`OSError: [Errno 39] Directory not empty`) or left a reader without the directory."""
+    run = ("gpt2-export/smoke", "run_name=exported", f"max_steps={STEPS}", "val_every=0")
+    first = server.run(*run[:1], *[a for p in run[1:] for a in ("--param", p)])
+    _completed(server, first)
+    (run_dir,) = (server.tree / "artifacts" / "runs" / "exported").glob("[0-9a-f]*")
+    (export,) = run_dir.glob("hf_step_*")
+    whole = sorted(p.name for p in export.iterdir())
+    shutil.rmtree(export)  # its cached record's files are gone: each start exports again
+
+    flow_run_ids = _started_together(server, run, run_dir)
+    for flow_run_id in flow_run_ids:
+        _completed(server, flow_run_id)
+        assert task_states(server, flow_run_id)["export"] == "Completed"
+    assert sorted(p.name for p in export.iterdir()) == whole
+    assert not list(run_dir.glob(".tmp_*"))
