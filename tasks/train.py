@@ -141,8 +141,9 @@ def train(
     run_dir = RunDir(under(runs_dir, run_id))  # never a link planted at the run id's name that leaves runs_dir
     wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
-    # the shards and the HellaSwag file stay as they are until training ends: a tokenize or hellaswag rerun waits
-    with reading(shards, hellaswag):
+    # the shards, the HellaSwag file and the initial weights stay as they are until training ends: a tokenize,
+    # hellaswag or init rerun waits
+    with reading(shards, hellaswag, init):
         return _launch(run_dir, run_id, settings, wired, data_identity(shards, hellaswag), nproc, nnodes, rendezvous,
                        launcher, slurm)
 

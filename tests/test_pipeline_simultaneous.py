@@ -1,6 +1,7 @@
 """Several starts of one output at the same moment, through the suite's real server and worker: a training run
 started three times at once is trained by one session and every start ends Completed, resumed from what that
-session left; two exports of one checkpoint at once publish it once, whole. The moment that decides the race is
+session left; two exports of one checkpoint at once publish it once, whole; an init of the weights a training
+run starts from waits until it ends. The moment that decides the race is
 forced: the test holds the output's lock (common.locks, as a running writer holds it) until every start has
 decided to write it and waits, then lets them all go at once.
 """
@@ -14,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from common.locks import folder_lock
+from gpt2.run_dir import RunDir
 from tests.fixtures.deployed import (flow_run_logs, start_at_once, task_states, wait_for_final_state, wait_until)
+from tests.fixtures.processes import lower_priority, training_processes, wait_for
+from tests.test_pipeline_integrity import state_once_logged
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +72,9 @@ def test_three_starts_of_one_run_at_once_are_one_training_session_and_all_comple
 
 
 def test_two_exports_of_one_checkpoint_at_once_publish_it_once_whole(server, worker):
-    """Before: no lock; each export removed the other's directory before renaming its own into place, and one
-    failed (`OSError: [Errno 39] Directory not empty`) or left a reader without the directory."""
+    """Before: the export stage took no lock (`timed out after 300 s waiting for every start to wait for
+    <run id> is being written by pid`), and each export removes the directory in place before it renames its
+    own in, under the other's feet."""
     run = ("gpt2-export/smoke", "run_name=exported", f"max_steps={STEPS}", "val_every=0")
     first = server.run(*run[:1], *[a for p in run[1:] for a in ("--param", p)])
     _completed(server, first)
@@ -84,3 +89,25 @@ def test_two_exports_of_one_checkpoint_at_once_publish_it_once_whole(server, wor
         assert task_states(server, flow_run_id)["export"] == "Completed"
     assert sorted(p.name for p in export.iterdir()) == whole
     assert not list(run_dir.glob(".tmp_*"))
+
+
+def test_an_init_of_the_weights_a_training_run_starts_from_waits_until_training_ends(server, worker):
+    """Before: a second init of the same folder (a run started at the same moment, or force=true) replaced the
+    step-0 checkpoint while a trainer was reading it."""
+    settings = ("run_name=initread", "seed=4343", "max_steps=1000000", "checkpoint_every=0", "val_every=0")
+    train_id = server.run("gpt2-train/smoke", *[a for p in settings for a in ("--param", p)])
+    try:
+        assert wait_for(lambda: len(training_processes("initread")) >= 2, 600), "training did not start"
+        lower_priority((pid for pid, _ in training_processes("initread")), 19)  # it only has to hold the weights
+        (launch_config,) = (server.tree / "artifacts" / "runs" / "initread").glob("*/launch_config.json")
+        weights = RunDir.of_checkpoint(json.loads(launch_config.read_text())["init_from"]).root
+        before = sorted((p.name, p.stat().st_mtime_ns) for p in weights.rglob("*") if p.is_file() and p.name != "LOCK")
+        init_id = server.run("gpt2-init/smoke", "--param", "seed=4343", "--param", "force=true")
+        state = state_once_logged(server, init_id, f"{weights.name} is being read by pid ")
+        assert state == "RUNNING", f"the init did not wait while training read {weights}: {state}"
+        after = sorted((p.name, p.stat().st_mtime_ns) for p in weights.rglob("*") if p.is_file() and p.name != "LOCK")
+        assert after == before
+    finally:
+        server.prefect("flow-run", "cancel", train_id, check=False)
+    assert wait_for_final_state(server, train_id)["state"]["type"] == "CANCELLED"
+    assert wait_for_final_state(server, init_id)["state"]["type"] == "COMPLETED"
