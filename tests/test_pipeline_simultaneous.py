@@ -1,9 +1,9 @@
-"""Several starts of one output at the same moment, through the suite's real server and worker: a training run
-started three times at once is trained by one session and every start ends Completed, resumed from what that
-session left; two exports of one checkpoint at once publish it once, whole; an init of the weights a training
-run starts from waits until it ends. The moment that decides the race is
-forced: the test holds the output's lock (common.locks, as a running writer holds it) until every start has
-decided to write it and waits, then lets them all go at once.
+"""Several starts of one output at the same moment, through the suite's real server and worker: a training
+run started two or three times at once is trained by one session and every start ends Completed, resumed
+from what that session left; two exports of one checkpoint at once publish it once, whole; an init of the
+weights a training run starts from waits until it ends. The moment that decides the race is forced: the
+test holds the output's lock (common.locks, as a running writer holds it) until every start has decided to
+write it and waits, then lets them all go at once.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from tests.test_pipeline_integrity import state_once_logged
 
 pytestmark = pytest.mark.slow
 
-STARTS = 3
 STEPS = 4
-RUN = ("gpt2-train/smoke", "run_name=thrice", f"max_steps={STEPS}", "val_every=0")
 
 
 def _all_waiting(server, flow_run_ids: list[str], holder: str) -> None:
@@ -33,11 +31,11 @@ def _all_waiting(server, flow_run_ids: list[str], holder: str) -> None:
                f"every start to wait for {holder}")
 
 
-def _started_together(server, run: tuple[str, ...], lock_of: Path) -> list[str]:
-    """STARTS flow runs of `run`, all of them past their decision to write `lock_of`'s folder before any can:
+def _started_together(server, run: tuple[str, ...], lock_of: Path, starts: int = 2) -> list[str]:
+    """`starts` flow runs of `run`, all of them past their decision to write `lock_of`'s folder before any can:
     the test holds its lock until each has said it waits, then lets go."""
     with folder_lock(lock_of):
-        started = start_at_once(server, {n: run for n in range(STARTS)})
+        started = start_at_once(server, {n: run for n in range(starts)})
         flow_run_ids = [s.flow_run_id for s in started.values()]
         _all_waiting(server, flow_run_ids, f"{lock_of.name} is being written by pid ")
     return flow_run_ids
@@ -51,22 +49,24 @@ def _completed(server, flow_run_id: str) -> list[str]:
     return logs
 
 
-def test_three_starts_of_one_run_at_once_are_one_training_session_and_all_complete(server, worker):
-    """Before: one completed; the others failed for good, `train: Failed: ... FolderLocked: .../thrice/... is
-    being written by pid N ... wait for that writer to end` (the stage waits for the lock only while it
-    writes the run's config; the trainers then race for it and the losers are refused)."""
-    first = server.run(*RUN[:1], *[a for p in RUN[1:] for a in ("--param", p)])
+@pytest.mark.parametrize("starts, run_name", [(2, "twice"), (3, "thrice")])
+def test_starts_of_one_run_at_once_are_one_training_session_and_all_complete(server, worker, starts, run_name):
+    """Before: a start ended Failed, `Flow run encountered an exception: CommandFailed: .../python -m
+    common.loopback_torchrun ...` and was not retried: the stage held the lock only while it wrote the run's
+    config, so the trainers raced for it and the losers were refused (FolderLocked)."""
+    run = ("gpt2-train/smoke", f"run_name={run_name}", f"max_steps={STEPS}", "val_every=0")
+    first = server.run(*run[:1], *[a for p in run[1:] for a in ("--param", p)])
     _completed(server, first)  # the run's directory, whose name (the run's id) the test must know to hold its lock
-    (run_dir,) = (server.tree / "artifacts" / "runs" / "thrice").glob("[0-9a-f]*")
+    (run_dir,) = (server.tree / "artifacts" / "runs" / run_name).glob("[0-9a-f]*")
     shutil.rmtree(run_dir)  # the run as if never trained: its cached record's files are gone, so each start trains
 
-    flow_run_ids = _started_together(server, RUN, run_dir)
+    flow_run_ids = _started_together(server, run, run_dir, starts)
     logs = [_completed(server, i) for i in flow_run_ids]
 
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(STEPS))  # one session, no duplicate
     sessions = [next(line for line in said if "start step " in line) for said in logs]
-    assert sorted(s.split("start step ")[1] for s in sessions) == [f"0/{STEPS}"] + [f"{STEPS}/{STEPS}"] * (STARTS - 1)
+    assert sorted(s.split("start step ")[1] for s in sessions) == [f"0/{STEPS}"] + [f"{STEPS}/{STEPS}"] * (starts - 1)
     for said in logs:  # each start that had to wait said so once, however often it waited
         assert sum("waiting for the lock: " in line and run_dir.name in line for line in said) == 1, said
 
