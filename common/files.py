@@ -57,11 +57,12 @@ def require_free_space(path: str | os.PathLike, needed: int) -> None:
 @contextlib.contextmanager
 def naming_disk_full(path: str | os.PathLike, needed: int | Callable[[], int]) -> Iterator[None]:
     """Turn a disk-full error in the block, a write of `needed` bytes (or a callable giving them) to `path`,
-    into DiskFull."""
+    into DiskFull naming `path`: also one a write of a part of it raised (a file of a directory being
+    assembled), so the error names the output and its total, never a temporary file."""
     try:
         yield
     except Exception as e:
-        if is_disk_full(e) and not isinstance(e, DiskFull):
+        if is_disk_full(e) and not (isinstance(e, DiskFull) and e.path == Path(path)):
             raise DiskFull(path, needed() if callable(needed) else needed) from e
         raise
 
@@ -78,10 +79,13 @@ def temporary_name(name: str, pid: int | None = None) -> str:
 def atomic_path(path: str | os.PathLike, size: int | None = None) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it to `path`, on error delete it.
 
-    A crash leaves at most a `*.tmp` file behind, never a half-written file under the final name. A full disk
-    raises DiskFull naming `path` and `size` (the bytes to be written; unknown: what was written until then).
+    A crash leaves at most a `*.tmp` file behind, never a half-written file under the final name. With `size`
+    (the bytes to be written), a filesystem with less free is DiskFull before the first byte; a full disk
+    raises DiskFull naming `path` and `size` (unknown: what was written until then).
     """
     path = Path(path)
+    if size is not None:
+        require_free_space(path, size)
     tmp = path.with_name(temporary_name(path.name))
     written = size
     with naming_disk_full(path, lambda: written or 0):  # outside the clean-up: the free space it reports is real
@@ -117,11 +121,14 @@ def atomic_directory(path: str | os.PathLike, size: int | None = None) -> Iterat
 
     A crash leaves at most a `.tmp_*` directory behind (`remove_stale_tmp_dirs` clears them), never a
     half-written directory under the final name. The caller writes any marker that vouches for the other
-    files last, inside the block. A full disk raises DiskFull naming `path` and `size` (the bytes to be
-    written; unknown: what was written until then).
+    files last, inside the block. With `size` (every byte its files will hold), a filesystem with less free
+    is DiskFull before the first byte; a full disk raises DiskFull naming `path` and `size` (unknown: what
+    was written until then), whichever of its files met it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if size is not None:
+        require_free_space(path, size)
     tmp = path.with_name(f"{TMP_DIR_PREFIX}{path.name}_{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -199,9 +206,15 @@ def _first_non_finite(obj: object, key: str = "") -> tuple[str, float] | None:
     return next(filter(None, (_first_non_finite(value, child) for child, value in children)), None)
 
 
+def json_file_text(obj: object, where: str | os.PathLike) -> str:
+    """`obj` as the text of a JSON file `write_json` writes: indented strict JSON (`json_text`) and a newline.
+    Also what a writer counts before a pre-check of free space."""
+    return json_text(obj, where, indent=2) + "\n"
+
+
 def write_json(path: str | os.PathLike, obj: object) -> None:
     """Write `obj` as indented strict JSON (`json_text`), atomically (its folder created if missing)."""
-    text = json_text(obj, path, indent=2) + "\n"
+    text = json_file_text(obj, path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path, size=len(text.encode())) as tmp:
         tmp.write_text(text)

@@ -36,7 +36,7 @@ from safetensors.torch import load_file as load_tensors
 from safetensors.torch import save_file as save_tensors
 
 from common.cli import run_cli
-from common.files import atomic_directory, json_text, parse_json, require_free_space, sha256_file, write_json
+from common.files import atomic_directory, json_file_text, json_text, parse_json, sha256_file, write_json
 # the files' part of the checkpoint API, torch-free, is gpt2.checkpoint_files; importers of this module get it too
 from gpt2.checkpoint_files import (COMPLETE_MARKER, DATA_FILE, MODEL_FILE, PICKLED_STATE_FILE,  # noqa: F401
                                    REJECTED_SUFFIX, TENSORS_FILE, CheckpointError, RejectedCheckpoint, is_complete,
@@ -69,21 +69,49 @@ def save_checkpoint(
 
 
 def _write_checkpoint(final: Path, step: int, state: dict[str, Any], model: GPT, model_file_dtype: str) -> None:
-    """Write the checkpoint directory `final` atomically; a full disk is DiskFull naming it (checked before the
-    first byte, and at the writes), and the checkpoints before it stay as they were."""
+    """Write the checkpoint directory `final` atomically; a full disk is DiskFull naming it and every byte its files
+    hold (checked before the first byte, and at the writes), and the checkpoints before it stay as they were."""
     from gpt2.llmc import model_file_size, write_model_file
 
     data, tensors = _split_tensors(state)
     text = json_text(data, final / DATA_FILE) + "\n"
-    needed = sum(t.nbytes for t in tensors.values()) + len(text.encode()) + model_file_size(model, model_file_dtype)
-    require_free_space(final, needed)
-    with atomic_directory(final, needed) as tmp:
+    sizes = {TENSORS_FILE: safetensors_size(tensors), DATA_FILE: len(text.encode()),
+             MODEL_FILE: model_file_size(model, model_file_dtype)}
+    # the marker's size is known before the hashes are: each is 64 hex digits
+    placeholder = _marker(step, model_file_dtype, {name: (size, "0" * 64) for name, size in sizes.items()})
+    marker_size = len(json_file_text(placeholder, final / COMPLETE_MARKER).encode())
+    with atomic_directory(final, sum(sizes.values()) + marker_size) as tmp:
         save_tensors(tensors, tmp / TENSORS_FILE)
         (tmp / DATA_FILE).write_text(text)
         write_model_file(model, tmp / MODEL_FILE, dtype=model_file_dtype)
-        files = {name: {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-                 for name in (TENSORS_FILE, DATA_FILE, MODEL_FILE)}
-        write_json(tmp / COMPLETE_MARKER, {"step": step, "model_file_dtype": model_file_dtype, "files": files})
+        files = {name: ((tmp / name).stat().st_size, sha256_file(tmp / name)) for name in sizes}
+        write_json(tmp / COMPLETE_MARKER, _marker(step, model_file_dtype, files))
+
+
+def _marker(step: int, model_file_dtype: str, files: dict[str, tuple[int, str]]) -> dict[str, Any]:
+    """The COMPLETE marker of a checkpoint whose files have these (size, sha256)."""
+    return {"step": step, "model_file_dtype": model_file_dtype,
+            "files": {name: {"size": size, "sha256": sha256} for name, (size, sha256) in files.items()}}
+
+
+# safetensors' names of the dtypes a state holds
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def safetensors_size(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> int:
+    """The bytes safetensors' `save_file(tensors, path, metadata)` writes: an 8-byte header length, the JSON
+    header (compact; the tensors in the order their data is laid out, widest elements first, then by name;
+    spaces to a multiple of 8 bytes), then the data. A pre-check of free space counts it before the write."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, tensor in sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0])):
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    length = len(json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode())
+    return 8 + length + (-length) % 8 + offset
 
 
 def _split_tensors(state: Any) -> tuple[Any, dict[str, torch.Tensor]]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import torch
 
-from common.files import atomic_directory, require_free_space, write_json
+from common.files import atomic_directory, json_file_text
 from data.tokenizer import EOT, gpt2_bpe_files
+from gpt2.checkpoint import safetensors_size
 from gpt2.config import VOCAB_SIZE as GPT2_VOCAB_SIZE
 from gpt2.config import GPTConfig, require_weights_in_file
 from gpt2.model import GPT
@@ -76,29 +76,31 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
     }  # fmt: skip
 
 
-def write_tokenizer_files(out_dir: str | os.PathLike, model_max_length: int) -> None:
-    """GPT-2's tokenizer as Hugging Face keeps it, from OpenAI's sha256-checked BPE files, offline.
+def tokenizer_files(model_max_length: int) -> dict[str, bytes]:
+    """GPT-2's tokenizer as Hugging Face keeps it, from OpenAI's sha256-checked BPE files, offline: {file name:
+    its bytes}, whole before any is written, so an export counts them in the space it needs.
 
     vocab.json is OpenAI's encoder.json and merges.txt its vocab.bpe (the files tiktoken's gpt2 encoding is
     built from); tokenizer.json holds both for the fast tokenizer. Text without `<|endoftext|>` gets
     tiktoken's `encode_ordinary` ids; the literal `<|endoftext|>` becomes the special token 50256, as in
     tiktoken's `encode(text, allowed_special="all")` (pass `split_special_tokens=True` to split it instead).
     """
-    out_dir = Path(out_dir)
     sources = gpt2_bpe_files()
-    shutil.copyfile(sources["encoder.json"], out_dir / "vocab.json")
-    shutil.copyfile(sources["vocab.bpe"], out_dir / "merges.txt")
-    vocab = json.loads((out_dir / "vocab.json").read_text(encoding="utf-8"))
-    merges = (out_dir / "merges.txt").read_text(encoding="utf-8").split("\n")[1:-1]  # a version line first
-    (out_dir / "tokenizer.json").write_text(json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False),
-                                            encoding="utf-8")
+    vocab_bytes, merges_bytes = Path(sources["encoder.json"]).read_bytes(), Path(sources["vocab.bpe"]).read_bytes()
+    vocab = json.loads(vocab_bytes.decode("utf-8"))
+    merges = merges_bytes.decode("utf-8").split("\n")[1:-1]  # a version line first
     special = {"bos_token": EOT_TEXT, "eos_token": EOT_TEXT, "unk_token": EOT_TEXT}
-    write_json(out_dir / "special_tokens_map.json", special)
-    write_json(out_dir / "tokenizer_config.json", {
-        "tokenizer_class": "GPT2Tokenizer", **special, "model_max_length": model_max_length,
-        "add_prefix_space": False, "add_bos_token": False, "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-    })  # fmt: skip
+    return {
+        "vocab.json": vocab_bytes,
+        "merges.txt": merges_bytes,
+        "tokenizer.json": json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False).encode("utf-8"),
+        "special_tokens_map.json": json_file_text(special, "special_tokens_map.json").encode(),
+        "tokenizer_config.json": json_text({
+            "tokenizer_class": "GPT2Tokenizer", **special, "model_max_length": model_max_length,
+            "add_prefix_space": False, "add_bos_token": False, "clean_up_tokenization_spaces": False,
+            "errors": "replace",
+        }, "tokenizer_config.json").encode(),
+    }  # fmt: skip
 
 
 def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -128,13 +130,16 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
         elif name.endswith(_CONV1D_SUFFIXES):
             tensor = tensor.t()  # (out, in) -> Conv1D (in, out)
         tensors[name] = tensor.contiguous()
-    needed = sum(t.nbytes for t in tensors.values())  # the weights: the tokenizer's few MB come on top
-    require_free_space(out_dir, needed)  # a full disk named before the first byte, not as safetensors' error
+    # GPT-2's tokenizer fits only GPT-2's vocabulary (not e.g. a test model's)
+    files = tokenizer_files(model.config.block_size) if V == GPT2_VOCAB_SIZE else {}
+    files["config.json"] = json_file_text(_hf_config(model.config), "config.json").encode()
+    metadata = {"format": "pt"}
+    # every byte the directory will hold, checked before the first one is written (atomic_directory)
+    needed = safetensors_size(tensors, metadata) + sum(map(len, files.values()))
     with atomic_directory(out_dir, needed) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        write_json(tmp / "config.json", _hf_config(model.config))
-        if V == GPT2_VOCAB_SIZE:  # GPT-2's tokenizer fits only GPT-2's vocabulary (not e.g. a test model's)
-            write_tokenizer_files(tmp, model.config.block_size)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata=metadata)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
     return out_dir
 
 

@@ -51,7 +51,7 @@ def python_module(module: str, args: list[str]) -> list[str]:
 
 
 class ReadInput(Protocol):
-    """A stage's output another stage reads (DocumentsRecord, ShardsRecord, EvalFileRecord)."""
+    """A stage's output another stage reads (DocumentsRecord, ShardsRecord, EvalFileRecord, WeightsRecord)."""
 
     @property
     def folder(self) -> Path | None:  # the folder the stage that made it writes under its lock; None: no stage does

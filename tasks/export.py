@@ -14,7 +14,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import run_artifact_key
+from tasks.common import run_artifact_key, writing
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.retry import best_effort
 
@@ -53,14 +53,18 @@ def export_markdown(record: HFExportRecord) -> str:
 def export_hf(checkpoint: CheckpointRecord, out_dir: str | None = None) -> HFExportRecord:
     """`checkpoint` as a Hugging Face directory: `out_dir`, by default `hf_step_NNNNNNNN` in its run directory.
 
-    The stage owns that directory: a rerun (its cached record stale, or forced) replaces it whole.
+    The stage owns that directory: a rerun (its cached record stale, or forced) replaces it whole. The directory
+    is replaced whole, so it cannot hold its own lock: the stage holds the lock of the folder it is published
+    in (by default the run directory, whose trainer and other exports it waits for), from before it decides
+    to write until its record is made.
     """
     from gpt2.export_hf import export_checkpoint
 
     out = Path(out_dir) if out_dir else RunDir(checkpoint.run_dir).hf_export(checkpoint.step)
-    export_checkpoint(checkpoint.path, out, overwrite=True)
-    record = HFExportRecord(files=tuple(FileRef.of(p) for p in sorted(out.iterdir())), path=str(out.resolve()),
-                            step=checkpoint.step)
+    with writing(out.parent):
+        export_checkpoint(checkpoint.path, out, overwrite=True)
+        record = HFExportRecord(files=tuple(FileRef.of(p) for p in sorted(out.iterdir())), path=str(out.resolve()),
+                                step=checkpoint.step)
     get_run_logger().info("exported step %d as a Hugging Face directory: %s", checkpoint.step, record.path)
     best_effort("the export artifact", create_markdown_artifact, export_markdown(record),
                 key=run_artifact_key("hf-export", checkpoint.run_dir),

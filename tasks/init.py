@@ -64,6 +64,16 @@ class WeightsRecord(StageRecord):
     model: str  # model spec of the run
     source: str  # `init` (llm.c's init from the seed), `checkpoint`, `llmc` or `hf`
 
+    @property
+    def folder(self) -> Path | None:
+        """What the train stage holds the read lock of while it trains from these weights (tasks.common.reading):
+        the folder the init stage writes its step-0 checkpoint in under its lock (a second init of it, from a
+        run started at the same moment, waits instead of replacing the checkpoint a trainer is reading); None for
+        weights no stage writes."""
+        from gpt2.run_dir import RunDir
+
+        return RunDir.of_checkpoint(self.path).root if self.source == "init" else None
+
 
 def _weights_identity(init_from: str) -> dict[str, str]:
     """What `init_from` stands for now, by content, for the init stage's cache key: the sha256 of each file of the

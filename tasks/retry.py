@@ -26,6 +26,7 @@ from prefect.task_engine import TaskRunTimeoutError
 from prefect.tasks import exponential_backoff
 
 from common.cli import error_line_type
+from common.locks import FolderLocked
 from common.network import NETWORK_ERRNOS, is_transient_network_error
 from tasks.launch import CommandFailed
 
@@ -75,6 +76,14 @@ def child_failure_is_transient(output: str) -> bool:
     if _CHILD_ERROR_LINE.search(output):
         return False
     return all(int(number) in NETWORK_ERRNOS for number in _ERRNO_IN_OUTPUT.findall(output))
+
+
+def refused_a_locked_folder(exc: BaseException) -> bool:
+    """Whether a failed child (CommandFailed, a Slurm job's failure: their messages quote its error lines) ended
+    because another process holds the folder it writes: every error line it said is FolderLocked
+    (common.locks). Not a failure of the work: whoever holds the lock is doing it, and the caller waits."""
+    said = [error_line_type(line) for line in str(exc).splitlines() if error_line_type(line) is not None]
+    return bool(said) and all(kind == FolderLocked.__name__ for kind in said)
 
 
 def _error_line_is_transient(line: str) -> bool:

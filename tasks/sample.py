@@ -10,7 +10,7 @@ from prefect.artifacts import create_markdown_artifact
 from common.files import read_json
 from gpt2.run_dir import RunDir
 from tasks.cache import FileRef, StageCache, StageRecord
-from tasks.common import log_lines, python_module, run_artifact_key
+from tasks.common import log_lines, python_module, run_artifact_key, writing
 from tasks.init import MODEL_CODE, CheckpointRecord
 from tasks.launch import run_streaming
 from tasks.retry import best_effort
@@ -32,8 +32,9 @@ def sample(checkpoint: CheckpointRecord, prompt: str, num_samples: int, max_new_
     path = RunDir(checkpoint.run_dir).sample(checkpoint.step)
     args = ["--checkpoint", checkpoint.path, "--prompt", prompt, "--num-samples", str(num_samples),
             "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--device", device, "--out", str(path)]
-    run_streaming(python_module("gpt2.sample", args), log_lines())
-    samples = tuple(read_json(path)["samples"])
+    with writing(path.parent):  # two runs sampling the same checkpoint at once write its file one after the other
+        run_streaming(python_module("gpt2.sample", args), log_lines())
+        samples = tuple(read_json(path)["samples"])
     text = "\n\n".join(f"**sample {i}**\n\n> {s}" for i, s in enumerate(samples))
     best_effort("the samples artifact", create_markdown_artifact, f"# Samples at step {checkpoint.step}\n\n{text}\n",
                 key=run_artifact_key("samples", checkpoint.run_dir))

@@ -32,7 +32,7 @@ from tasks.cancel_watch import watch_for_cancellation
 from tasks.launch import Rendezvous, run_streaming, stop_all, torchrun_command, visible_gpus
 from tasks.progress import ProgressReporter
 from tasks.report import plot_loss_curve, run_summary_markdown, training_figures
-from tasks.retry import best_effort, retry_if_transient
+from tasks.retry import best_effort, refused_a_locked_folder, retry_if_transient
 from tasks.slurm import SlurmJobRecord, SlurmSettings, job_name_for, job_script, run_job
 from tasks.tokenize import ShardsRecord
 
@@ -141,27 +141,58 @@ def train(
     run_dir = RunDir(under(runs_dir, run_id))  # never a link planted at the run id's name that leaves runs_dir
     wired = {"model": init.model, "seed": seed, "train_data": shards.manifest, "val_data": shards.manifest,
              "hellaswag": hellaswag.path if hellaswag else None, "out_dir": str(run_dir.root), "init_from": init.path}
-    # the shards and the HellaSwag file stay as they are until training ends: a tokenize or hellaswag rerun waits
-    with reading(shards, hellaswag):
+    # the shards, the HellaSwag file and the initial weights stay as they are until training ends: a tokenize,
+    # hellaswag or init rerun waits
+    with reading(shards, hellaswag, init):
         return _launch(run_dir, run_id, settings, wired, data_identity(shards, hellaswag), nproc, nnodes, rendezvous,
                        launcher, slurm)
 
 
 def _launch(run_dir: RunDir, run_id: str, settings: dict[str, Any], wired: dict[str, Any], data: dict[str, Any],
             nproc: int, nnodes: int, rendezvous: Rendezvous, launcher: Launcher, slurm: SlurmSettings) -> TrainRecord:
+    """Train the run until it is trained, by this stage's trainer or another's.
+
+    The run directory has one writer: the trainer, which holds its lock for the whole session (gpt2.train, on
+    whatever host Slurm runs it, so the lock lives exactly as long as the writer does). The stage waits for that
+    lock before it writes the run's config, and says so once; a trainer started by another run in the moment
+    between this stage's wait and its own trainer's start (two starts of one run at once) refuses ours with
+    FolderLocked, and the stage goes back to waiting, then resumes from what that trainer left.
+    """
     from gpt2.train_config import validate_train_settings
 
     # gpt2.train's own checks (unknown fields with suggestions, types, batch divisibility, ...) before any
     # process starts: a ConfigError is deterministic and is not retried
     config = validate_train_settings(settings, nproc * nnodes, wired, check_inputs=True)
-    logger = get_run_logger()
-    with run_dir.lock(wait=True, on_wait=logger.warning):  # never rewrite the config of a run being trained
-        write_json(run_dir.launch_config, config.to_dict())
-        # the val shards and HellaSwag file by content: the scheduled scan scores the run's checkpoints on them only
-        write_json(run_dir.data_identity, data)
+    say_waiting = _once(get_run_logger().warning)
+    while True:
+        with run_dir.lock(wait=True, on_wait=say_waiting):  # never rewrite the config of a run being trained
+            write_json(run_dir.launch_config, config.to_dict())
+            # the val shards and HellaSwag file by content: the scheduled scan scores the run's checkpoints on them only
+            write_json(run_dir.data_identity, data)
+        try:
+            return _train_session(run_dir, run_id, config, nproc, nnodes, rendezvous, launcher, slurm)
+        except Exception as e:
+            if not refused_a_locked_folder(e):
+                raise
 
-    logger.info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root, nproc, nnodes,
-                launcher)
+
+def _once(say: Callable[[str], None]) -> Callable[[str], None]:
+    """`say`, for the first message only."""
+    told = []
+
+    def first(message: str) -> None:
+        if not told:
+            told.append(message)
+            say(message)
+
+    return first
+
+
+def _train_session(run_dir: RunDir, run_id: str, config: TrainConfig, nproc: int, nnodes: int,
+                   rendezvous: Rendezvous, launcher: Launcher, slurm: SlurmSettings) -> TrainRecord:
+    """One training session of the run: gpt2.train on this host or as a Slurm job, its progress followed."""
+    get_run_logger().info("training in %s with %d process(es) per node, %d node(s), launcher %s", run_dir.root,
+                          nproc, nnodes, launcher)
     log = log_lines()
     progress = _TrainingProgress(run_dir.metrics, config.max_steps, run_artifact_key("train-progress", run_dir.root))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tasks.launch import CommandFailed, run_streaming
-from tasks.retry import is_transient
+from tasks.retry import is_transient, refused_a_locked_folder
 from tests.fixtures.outage import api_away_warnings
 from tests.fixtures.processes import free_port
 from tests.fixtures.train.tiny import tiny_config
@@ -88,6 +88,19 @@ def test_a_corrupt_shard_is_not_retried(tmp_path):
     error = _train(config)
     assert "ShardError" in str(error)
     assert not is_transient(error)
+
+
+def test_a_trainer_refused_its_run_directory_is_told_from_its_other_failures(tmp_path):
+    """What the train stage waits on and tries again (tasks.train._launch): gpt2.train refused because another
+    process holds its run directory; any other failure of it (here a diverged run) is not that."""
+    from common.locks import folder_lock
+
+    config = _write_config(tmp_path)
+    with folder_lock(tmp_path / "run"):  # another trainer holds the run directory
+        refused = _train(config)
+    assert "error: FolderLocked: " in str(refused) and refused_a_locked_folder(refused)
+    diverged = _train(_write_config(tmp_path, lr=1e30, max_steps=20, warmup_steps=0, max_bad_steps=2))
+    assert "TrainingDivergedError" in str(diverged) and not refused_a_locked_folder(diverged)
 
 
 def test_a_training_process_killed_by_a_signal_is_retried(tmp_path):

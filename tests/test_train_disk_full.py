@@ -7,11 +7,14 @@ filesystem that fills up (a small tmpfs; root only).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +29,23 @@ REPO = Path(__file__).resolve().parent.parent
 DISK_FULL = re.compile(r"no space left on (\S+): ([\d,]+) bytes needed, ([\d,]+) free")
 
 
+@contextlib.contextmanager
+def tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `folder` with `options` (its size, inodes) for the block."""
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """An 8 MiB tmpfs mounted for the test."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True).returncode:
-        pytest.skip("mounting a tmpfs needs root")
-    yield disk
-    subprocess.run(["umount", str(disk)], check=True)
+    with tmpfs(tmp_path / "disk", "size=8m") as disk:
+        yield disk
 
 
 def _train_command(tmp_path: Path, out_dir: Path, max_steps: int, checkpoint_every: int = 2) -> list[str]:
@@ -212,3 +223,62 @@ def test_a_hub_download_checks_the_listed_sizes_against_the_free_space_before_th
     assert path == str(out) and needed == sum(map(len, repo_files(hub, hub.main).values())) > free
     assert "Traceback" not in result.stderr
     assert not list(out.glob("part_*")), list(out.iterdir())  # not one byte of a document file
+
+
+def _files_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def test_an_hf_export_counts_its_tokenizer_and_config_in_the_space_it_needs(tmp_path):
+    """Before: the pre-check counted the weights alone (`6,492,160 bytes needed` for a directory of 9,499,019
+    bytes), so it passed and the tokenizer's write failed the disk."""
+    import torch
+
+    from gpt2.config import VOCAB_SIZE, GPTConfig
+    from gpt2.hf import export_hf
+    from gpt2.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=VOCAB_SIZE))  # with the tokenizer
+    whole = _files_bytes(export_hf(model, tmp_path / "elsewhere"))
+    with tmpfs(tmp_path / "disk", "size=16m") as disk:
+        weights = sum(p.nbytes for n, p in model.state_dict().items() if n != "lm_head.weight")
+        (disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(disk).free - (weights + whole) // 2))
+        assert weights < shutil.disk_usage(disk).free < whole  # room for the weights, not for the directory
+        export = disk / "hf_step_00000002"
+        with pytest.raises(OSError) as raised:
+            export_hf(model, export)
+        path, needed, free = disk_full(str(raised.value))
+        assert (path, needed) == (str(export), whole) and free < whole
+        assert os.listdir(disk) == ["filler"]  # not one byte of it written
+
+
+def test_a_checkpoint_that_fills_the_disk_mid_write_names_the_checkpoint_and_its_total(tmp_path):
+    """A disk with the bytes but not the files (no inode left for the third file): the pre-check passes and
+    the write fails. Before: `no space left on .../.tmp_step_00000003_<pid>/model.bin: 93,056 bytes
+    needed` (the temporary file and that one file's size, of a checkpoint of 193,699 bytes)."""
+    import torch
+
+    from gpt2.config import GPTConfig
+    from gpt2.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=256))
+    state = {"step": 3, "model": model.state_dict(), "rng": torch.get_rng_state()}
+    whole = _files_bytes(ckpt.save_checkpoint(tmp_path / "elsewhere", 3, state, model))
+    with tmpfs(tmp_path / "disk", "size=8m,nr_inodes=64") as disk:
+        out_dir = disk / "run"
+        RunDir(out_dir).checkpoints.mkdir(parents=True)
+        fillers = []
+        with contextlib.suppress(OSError):
+            while True:  # every inode taken
+                fillers.append(disk / f"f{len(fillers)}")
+                fillers[-1].touch()
+        for filler in fillers[-4:-1]:  # room for the temporary folder, state.safetensors and state.json only
+            filler.unlink()
+        with pytest.raises(OSError) as raised:
+            ckpt.save_checkpoint(out_dir, 3, state, model)
+        path, needed, free = disk_full(str(raised.value))
+        assert (path, needed) == (str(RunDir(out_dir).checkpoint(3)), whole)
+        assert free > whole  # the bytes were there: the files were not
+        assert list(RunDir(out_dir).checkpoints.iterdir()) == []  # nothing half-written
