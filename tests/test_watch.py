@@ -137,3 +137,33 @@ def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_
     assert not any("Traceback" in line for line in shown), shown
     assert shown.index("train: step 79/80 | loss 10.0100 | 1,530 tok/s | ETA 0:00:00") < shown.index("train: Completed")
     assert re.fullmatch(r"flow run \S+: Completed", shown[-1]), shown
+
+
+@pytest.mark.slow
+def test_a_run_no_worker_starts_is_given_up_in_one_line_and_cancelled_at_once(prefect_server):
+    """Before: a run left Pending (its worker stopped by scripts/stop.sh while it was being submitted) kept
+    flows.watch, and run.sh with it, waiting for ever, and run.sh's cancel left it Cancelling for good (no worker
+    to stop it). Here a run of a flow no deployment serves, so no worker ever starts it: the watcher gives up after
+    the bound it names, in one line, and flows.cancel ends the run Cancelled."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    @flow(name="never-started")
+    def never_started():
+        pass
+
+    with get_client(sync_client=True) as client:
+        flow_run_id = client.create_flow_run(never_started).id  # Pending, in no work pool
+        env = environ_without_prefect_settings()
+        env.update(PREFECT_API_URL=PREFECT_API_URL.value())
+        watched = subprocess.run([sys.executable, "-m", "flows.watch", str(flow_run_id), "--start-within", "2"],
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert watched.returncode == 3, watched.stdout + watched.stderr
+        assert re.fullmatch(rf"error: NotStarted: no worker started flow run {flow_run_id} within 2 s of its start "
+                            r"time \(it is Pending\); is a worker of its pool running\? Stop and start again: bash "
+                            r"scripts/stop\.sh, then bash scripts/run\.sh\n", watched.stdout), watched.stdout
+        cancelled = subprocess.run([sys.executable, "-m", "flows.cancel", str(flow_run_id), "--timeout-s", "30"],
+                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert client.read_flow_run(flow_run_id).state.type.value == "CANCELLED"
