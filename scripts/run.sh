@@ -16,7 +16,7 @@
 # PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db: the same server on
 # PostgreSQL instead of SQLite; docs/pipeline.md).
 # Shown: one line per state change of the run and its stages, a training progress line every 10 s; a run
-# that fails ends with its error, its flow run id and the command that prints its logs.
+# that completes ends with what it made (run folder, val loss, HellaSwag), one that fails with its error and id.
 # Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then leaves the server and
 # worker as any end of run.sh does.
 set -euo pipefail
