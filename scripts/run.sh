@@ -62,6 +62,9 @@ mkdir -p "$PREFECT_HOME"
 prefect=(.venv/bin/prefect)
 python=.venv/bin/python
 
+# last_line LOG: its last line that is not blank (a traceback's: the error), for a one-line report naming the log
+last_line() { grep -v '^[[:space:]]*$' "$1" | tail -1; }
+
 # Logs are appended to, never truncated; each start adds a line naming it. Prints the log's path.
 log_to() {
     echo "==== $(date -u +%Y-%m-%dT%H:%M:%SZ) scripts/run.sh $DEPLOYMENT ====" >>"$PREFECT_HOME/$1"
@@ -144,8 +147,8 @@ else
         sleep 1
     done
     if ! healthy "$PREFECT_API_URL"; then
-        echo "[run] the Prefect server did not come up on port $PORT; its log, .prefect/server.log, ends with:" >&2
-        tail -20 "$server_log" >&2
+        echo "error: ServerDidNotStart: the Prefect server did not come up on port $PORT: $(last_line "$server_log")" \
+             "(its log: .prefect/server.log)" >&2
         exit 1
     fi
     # Kept after the server stops (scripts/stop.sh): sourced then, it changes nothing and says what to do.
@@ -171,11 +174,14 @@ if [ "$started_server" = 0 ] && sha256sum --quiet --check "$DEPLOYED" >/dev/null
 else
     echo "[run] work pool gpt2-local (process) and deployments"
     rm -f "$DEPLOYED"
-    "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
     deploy_log=$(log_to deploy.log)
+    "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >>"$deploy_log" 2>&1 || {
+        echo "error: DeployFailed: prefect work-pool create gpt2-local failed: $(last_line "$deploy_log")" \
+             "(its log: .prefect/deploy.log)" >&2
+        exit 1
+    }
     "${prefect[@]}" --no-prompt deploy --all >>"$deploy_log" 2>&1 || {
-        echo "[run] prefect deploy failed (.prefect/deploy.log):" >&2
-        tail -30 "$deploy_log" >&2
+        echo "error: DeployFailed: prefect deploy --all failed: $(last_line "$deploy_log") (its log: .prefect/deploy.log)" >&2
         exit 1
     }
     sha256sum prefect.yaml >"$DEPLOYED"
@@ -202,7 +208,7 @@ echo "[run] prefect deployment run $DEPLOYMENT $*"
 submit_log=$(log_to submit.log)
 created=$("${prefect[@]}" deployment run "$DEPLOYMENT" "$@" 2>&1) || {
     echo "$created" >>"$submit_log"
-    echo "error: SubmitFailed: prefect deployment run $DEPLOYMENT failed: $(grep -v '^\s*$' <<<"$created" | tail -1)" \
+    echo "error: SubmitFailed: prefect deployment run $DEPLOYMENT failed: $(last_line "$submit_log")" \
          "(its whole output: .prefect/submit.log)" >&2
     exit 1
 }
