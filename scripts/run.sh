@@ -213,7 +213,7 @@ created=$("${prefect[@]}" deployment run "$DEPLOYMENT" "$@" 2>&1) || {
     exit 1
 }
 flow_run_id=$(grep -oE 'UUID: [0-9a-f-]{36}' <<<"$created" | head -1 | cut -d' ' -f2)
-echo "[run] flow run $flow_run_id"
+echo "[run] flow run $flow_run_id (UI while it runs: http://127.0.0.1:$PORT/runs/flow-run/$flow_run_id)"
 status=0
 # In the background, so that a SIGTERM is handled at once (bash runs a trap only after the foreground
 # command ends). It outlives a server outage; it exits 0 or 1 only once it saw the run end (flows/watch.py).
