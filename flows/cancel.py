@@ -3,7 +3,7 @@
 
 The run is set Cancelling through the server's API, as the UI's Cancel button and `prefect flow-run cancel`
 do; the worker then stops the flow-run process, and with it torchrun and the ranks (tasks/launch.py), and
-the run ends Cancelled. Every request has a time limit of its own and one that fails for a reason waiting
+the run ends Cancelled. A run no worker has started yet (Scheduled, Pending) is set Cancelled at once. Every request has a time limit of its own and one that fails for a reason waiting
 may mend (common.network: refused, timed out, HTTP 5xx) is repeated, all within `--timeout-s`: the caller
 gets its answer in bounded time whatever the server does; any other error (HTTP 404: a run this server does
 not hold) ends it at once, named. Prints the final state; exits 0 once the run is final, 1 when it did not
@@ -34,6 +34,15 @@ def _request(url: str, body: dict | None, timeout_s: float) -> dict:
         return json.load(response)
 
 
+def _cancel_request(state: str) -> dict:
+    """A run no worker has started (Scheduled, or Pending: claimed by a worker that may be gone) is set Cancelled at
+    once: set Cancelling, it waits for a worker to stop its process, which none may ever do. A process started
+    after that finds its run final and does not run it. A running one is set Cancelling, for its worker to stop."""
+    if state in ("SCHEDULED", "PENDING"):
+        return {"state": {"type": "CANCELLED", "message": "cancelled before a worker started it"}, "force": True}
+    return {"state": {"type": "CANCELLING"}}
+
+
 def cancel(api_url: str, flow_run_id: UUID, timeout_s: float, say=print) -> str | None:
     """Set the run Cancelling (until the server accepts) and wait for a final state, for at most `timeout_s`.
     Returns the final state type, or None when there was none in time (what was last seen is said)."""
@@ -48,7 +57,7 @@ def cancel(api_url: str, flow_run_id: UUID, timeout_s: float, say=print) -> str 
                 return state
             last = f"state {state}"
             if not asked and state != "CANCELLING":
-                answer = _request(f"{run_url}/set_state", {"state": {"type": "CANCELLING"}},
+                answer = _request(f"{run_url}/set_state", _cancel_request(state),
                                   min(REQUEST_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
                 asked = answer["status"] == "ACCEPT"
                 if not asked:

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -32,7 +35,7 @@ from tasks.cache import StageRecord
 from tasks.cancel_watch import cancel_requested
 from tasks.download import download_documents
 from tasks.export import export_hf
-from tasks.evaluate import EvalSettings, evaluate_checkpoint, scan_runs
+from tasks.evaluate import EvalRecord, EvalSettings, evaluate_checkpoint, scan_runs
 from tasks.hellaswag import prepare_hellaswag
 from tasks.init import init_model
 from tasks.launch import stop_children_on_exit
@@ -178,7 +181,40 @@ def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
         records = _results(dict(download=docs, tokenize=shards, hellaswag=hellaswag, init=init, train=run,
                                 evaluate=evaluation, sample=samples, export=hf_export))
     _summary_artifact(s, records["train"], records["evaluate"])
+    _log_outputs("run folder", records["train"], records["evaluate"])
     return records
+
+
+# What a finished run made, one log line each: `output: LABEL: VALUE`; flows.watch shows them as the run's last lines.
+OUTPUT_PREFIX = "output: "
+
+
+def _log_outputs(label: str, record: StageRecord | None, evaluation: EvalRecord | None = None) -> None:
+    """Log where `record`'s output is (a run: its folder, loss curve and TensorBoard command) and, for a trained
+    run, its final val loss and HellaSwag accuracy (`evaluation`'s, else the training's own last evaluation)."""
+    if record is None:
+        return
+    logger = get_run_logger()
+    lines = {label: output_path(record)}
+    if isinstance(record, TrainRecord):
+        val_loss = evaluation.val_loss if evaluation is not None else record.val_loss
+        lines["val loss"] = "none measured" if val_loss is None else f"{val_loss:.4f} at step {record.steps}"
+        hellaswag = evaluation.hellaswag if evaluation is not None else None
+        if hellaswag:
+            lines["HellaSwag"] = f"acc_norm {hellaswag['acc_norm']:.4f} over {hellaswag['n']:g} examples"
+        lines["loss curve"] = record.loss_curve
+        lines["TensorBoard"] = f"{Path(sys.executable).with_name('tensorboard')} --logdir {record.run_dir}"
+    for name, value in lines.items():
+        logger.info(f"{OUTPUT_PREFIX}{name}: {value}")
+
+
+def output_path(record: StageRecord) -> str:
+    """The folder (or file) a stage's record names as its output: a run's folder, the shards', the documents',
+    the HellaSwag file, a checkpoint, an export; else the folder holding its files (samples)."""
+    for field in ("run_dir", "out_dir", "path"):
+        if (value := getattr(record, field, None)) is not None:
+            return str(value)
+    return os.path.commonpath([f.path for f in record.files]) if record.files else "nothing written"
 
 
 def _summary_artifact(s: PipelineSettings, run: TrainRecord, evaluation: Any) -> None:
@@ -205,7 +241,9 @@ def run_stage(settings: PipelineSettings, stage: str, force: bool = False) -> di
 
     with stages.root_cause():
         submit(stage)
-        return _results(futures)
+        records = _results(futures)
+    _log_outputs(f"{stage} made", records[stage], records.get("evaluate"))
+    return records
 
 
 def _stage_flow(stage: str, name: str):

@@ -4,13 +4,15 @@ One line per state change of the flow run and of each stage, a training progress
 `--progress-every` seconds (step, loss, tokens/s, ETA, from gpt2.train's step lines in the run's logs), in
 the order they happened (a few seconds behind, so that late logs fall into place); a failed stage or run is
 shown with its state message (the error), a stage waiting for a retry (`AwaitingRetry`, `Retrying`) with
-its reason (e.g. an output folder locked by another run), and a run that did not complete ends with its id
-and the command that prints its logs.
+its reason (e.g. an output folder locked by another run), and a run that did not complete ends with its id.
 
 The server may go away while the run goes on (killed and restarted, overloaded): the watcher says so in one
 line, keeps asking, and says so in one line when the server answers again; what happened meanwhile is shown
-then, in order. Exits 0 when the run completed, 1 when it ended otherwise, 2 when the watcher stopped without
-seeing the run end (an error of its own; the run may go on), 130 on Ctrl-C.
+then, in order. A run that completed ends with what it made (`output:` lines of its log: the run folder, final
+val loss and HellaSwag accuracy, or a stage's output folder). Calls to the server are its own: Prefect's client
+retries nothing, so an outage is reported at the first failed call. Exits 0 when the run completed, 1 when it
+ended otherwise, 2 when the watcher stopped without seeing the run end (an error of its own; the run may go on),
+3 when no worker started the run within `--start-within` seconds of its start time, 130 on Ctrl-C.
 
 `prefect deployment run --watch` prints Prefect's events instead, and no training progress.
 """
@@ -18,6 +20,7 @@ seeing the run end (an error of its own; the run may go on), 130 on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import re
 import time
 from collections import defaultdict
@@ -31,6 +34,7 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
 from prefect.client.schemas.objects import State
 from prefect.client.schemas.sorting import LogSort
+from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from common.network import is_transient_network_error
 
@@ -63,6 +67,7 @@ class Progress:
                 f"ETA {eta}")
 
 
+OUTPUT_LINE = re.compile(r"^output: (?P<label>[^:]+): (?P<value>.*)$")  # what the run made (flows.pipeline._log_outputs)
 RETRY_REASON = re.compile(r"^Task run failed with \w+: (?P<reason>.*)$", re.S)  # Prefect's log line of a retry
 HOLD_BACK_S = 5.0  # logs reach the server in batches (every 2 s): events this recent may still have company
 
@@ -110,10 +115,13 @@ class Watcher:
         self.logs_seen = 0
         self.progress: Event | None = None  # the latest step line not shown yet
         self.progress_shown_at = 0.0
+        self.flow_run = None  # as last read
+        self.outputs: dict[str, str] = {}  # what the run made, by label, from its `output:` log lines
 
     def poll(self) -> bool:
         """Show what is old enough to be in order; True once the flow run is in a final state."""
         flow_run = self.client.read_flow_run(self.flow_run_id)  # first: what follows is at least as new
+        self.flow_run = flow_run
         self._collect(flow_run)
         self._show(until=datetime.now(timezone.utc) - self.hold_back)
         return flow_run.state is not None and flow_run.state.is_final()
@@ -160,6 +168,8 @@ class Watcher:
             for log in logs:
                 if progress := Progress.parse(log.message):
                     self.pending.append(Event(log.timestamp, None, progress=progress))
+                elif output := OUTPUT_LINE.match(log.message):
+                    self.outputs[output["label"]] = output["value"]
                 elif log.task_run_id and (retry := RETRY_REASON.match(log.message)):
                     self.retry_reasons[log.task_run_id].append(retry["reason"])
 
@@ -188,6 +198,11 @@ class Watcher:
             return f": {reason}" if reason else ""
         return ""
 
+    def show_outputs(self) -> None:
+        """What the run made (its folder, val loss, HellaSwag accuracy...), one aligned line each."""
+        for label, value in self.outputs.items():
+            print(f"  {label + ':':<13} {value}", flush=True)
+
     def show_progress(self, final: bool = False) -> None:
         now = time.monotonic()
         if self.progress is not None and (final or now - self.progress_shown_at >= self.progress_every_s):
@@ -197,7 +212,9 @@ class Watcher:
 
 
 T = TypeVar("T")
-COMPLETED, ENDED_OTHERWISE, STOPPED_WATCHING = 0, 1, 2  # exit statuses; 2: the end of the run not seen
+# exit statuses; 2: the end of the run not seen; 3: no worker started it in time (it is still Scheduled or Pending)
+COMPLETED, ENDED_OTHERWISE, STOPPED_WATCHING, NOT_STARTED = 0, 1, 2, 3
+START_WITHIN_S = 120.0  # a worker asks for runs every 2 s (run.sh's) to 10 s and starts one in seconds
 
 
 class ServerLink:
@@ -232,17 +249,55 @@ class ServerLink:
                 "the run goes on without it: waiting for it to answer again")
 
 
-def watch(flow_run_id: UUID, poll_s: float = 1.0, progress_every_s: float = 10.0) -> int:
-    with get_client(sync_client=True) as client:
+# The watcher's own client: no retries of Prefect's (five, with backoff: about a minute before a call fails, so a
+# 45 s outage showed nothing and a longer one was reported a minute late, its time away short by that minute) and a
+# short time limit per call (a server that accepts and does not answer); ServerLink does the retrying, saying so.
+OWN_CLIENT = {PREFECT_CLIENT_MAX_RETRIES: 0, PREFECT_API_REQUEST_TIMEOUT: 10.0}
+
+
+class StartWait:
+    """The wait for a worker to start the run: `started` once it left Scheduled and Pending (its process runs it, or
+    it ended), then the lock `release_fd` holds (run.sh's .prefect/run.lock, inherited) is released so that
+    scripts/stop.sh, waiting on it, cannot stop the worker between the submission and the start; `overdue` when it
+    is still waiting `within_s` after its scheduled start."""
+
+    def __init__(self, within_s: float, release_fd: int | None):
+        self.within_s, self.release_fd = within_s, release_fd
+        self.started = False
+
+    def check(self, flow_run) -> None:
+        state = flow_run.state
+        if not self.started and state is not None and not (state.is_scheduled() or state.is_pending()):
+            self.started = True
+            if self.release_fd is not None:
+                fcntl.flock(self.release_fd, fcntl.LOCK_UN)
+
+    def overdue(self, flow_run) -> bool:
+        start = flow_run.expected_start_time or flow_run.created
+        return not self.started and (datetime.now(timezone.utc) - start).total_seconds() > self.within_s
+
+
+def watch(flow_run_id: UUID, poll_s: float = 1.0, progress_every_s: float = 10.0,
+          start_within_s: float = START_WITHIN_S, release_fd: int | None = None) -> int:
+    with temporary_settings(updates=OWN_CLIENT), get_client(sync_client=True) as client:
         link = ServerLink(str(client.api_url), retry_s=max(poll_s, 2.0))
         watcher = Watcher(client, flow_run_id, progress_every_s)
+        start = StartWait(start_within_s, release_fd)
         while not link.call(watcher.poll):
+            start.check(watcher.flow_run)
+            if start.overdue(watcher.flow_run):
+                print(f"error: NotStarted: no worker started flow run {flow_run_id} within {start_within_s:g} s of its "
+                      f"start time (it is {watcher.flow_run.state.name}); is a worker of its pool running? Stop and "
+                      "start again: bash scripts/stop.sh, then bash scripts/run.sh", flush=True)
+                return NOT_STARTED
             time.sleep(poll_s)
+        start.check(watcher.flow_run)
         link.call(lambda: watcher.finish(poll_s))
         flow_run = link.call(lambda: client.read_flow_run(flow_run_id))
     if flow_run.state.is_completed():
+        watcher.show_outputs()
         return COMPLETED
-    print(f"  flow run id: {flow_run_id}\n  its logs:    prefect flow-run logs {flow_run_id}", flush=True)
+    print(f"  flow run id: {flow_run_id}", flush=True)
     return ENDED_OTHERWISE
 
 
@@ -251,9 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("flow_run_id", type=UUID, help="the flow run to follow (its UUID)")
     parser.add_argument("--progress-every", type=float, default=10.0, metavar="S",
                         help="seconds between training progress lines (default 10)")
+    parser.add_argument("--start-within", type=float, default=START_WITHIN_S, metavar="S",
+                        help=f"give up (exit 3) when no worker started the run S seconds after its start time "
+                             f"(default {START_WITHIN_S:g})")
+    parser.add_argument("--release-fd", type=int, metavar="FD",
+                        help="a file descriptor whose flock to release once a worker started the run (run.sh's "
+                             ".prefect/run.lock)")
     args = parser.parse_args(argv)
     try:
-        return watch(args.flow_run_id, progress_every_s=args.progress_every)
+        return watch(args.flow_run_id, progress_every_s=args.progress_every, start_within_s=args.start_within,
+                     release_fd=args.release_fd)
     except KeyboardInterrupt:  # Ctrl-C stops the watching only; run.sh cancels the run itself
         return 130
     except Exception as e:  # never a traceback, never a word on how the run ended: the watcher did not see it

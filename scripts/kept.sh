@@ -2,7 +2,8 @@
 # pid files it writes beside its logs (.prefect/server.pid, .prefect/worker.pid), whichever run.sh started
 # them; the lock that lets one script at a time start, share or stop them; and stopping them.
 #
-# .prefect/run.lock   flock: held while a script starts, joins, leaves or stops the server and worker
+# .prefect/run.lock   flock: held while a script starts, joins, leaves or stops the server and worker, and by
+#                     run.sh from its submission until a worker started the flow run
 # .prefect/users/PID  one file per run.sh using them; the last one to leave stops them, unless kept
 # .prefect/keep       written by KEEP_RUNNING=1: they stay up until scripts/stop.sh
 
@@ -36,7 +37,7 @@ take_kept_lock() {
     mkdir -p "$KEPT_HOME"
     exec 9>>"$KEPT_HOME/run.lock"
     if ! flock -n 9; then
-        echo "[$1] waiting for another scripts/run.sh or stop.sh of this folder to finish starting or stopping the Prefect server"
+        echo "[$1] waiting for another scripts/run.sh or stop.sh of this folder to finish starting or stopping the Prefect server (or its worker to start the run it submitted)"
         flock 9
     fi
 }

@@ -10,13 +10,13 @@
 # DEPLOYMENT is FLOW/NAME (default gpt2-pretrain/smoke); a name the server does not hold is refused with the
 # valid ones listed. Several run.sh of one folder at a time share one server and worker; the last to finish
 # stops them.
-# Environment: PREFECT_PORT (default 4200), KEEP_RUNNING=1 (leave server and worker up for the UI, the
-# scheduled evaluation and more runs: a later run.sh uses them instead of starting its own,
+# Environment: PREFECT_PORT (default 4200, else the first free port after it), KEEP_RUNNING=1 (leave server and
+# worker up for the UI, the scheduled evaluation and more runs: a later run.sh uses them instead of starting its own,
 # `source .prefect/env.sh` points a shell's `prefect` at them, `bash scripts/stop.sh` stops them),
 # PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db: the same server on
 # PostgreSQL instead of SQLite; docs/pipeline.md).
 # Shown: one line per state change of the run and its stages, a training progress line every 10 s; a run
-# that fails ends with its error, its flow run id and the command that prints its logs.
+# that completes ends with what it made (run folder, val loss, HellaSwag), one that fails with its error and id.
 # Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then leaves the server and
 # worker as any end of run.sh does.
 set -euo pipefail
@@ -31,19 +31,39 @@ case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 DEPLOYMENT=gpt2-pretrain/smoke
 if [ $# -gt 0 ] && [[ $1 != -* ]]; then DEPLOYMENT=$1; shift; fi  # options alone: the default deployment
 
+export PREFECT_HOME="$PWD/.prefect"  # SQLite database, result cache, logs: all inside the project
+ENV_FILE="$PREFECT_HOME/env.sh"
+# shellcheck source=scripts/kept.sh
+source scripts/kept.sh  # the server and worker of this folder, shared by every run.sh, and their lock
+
+# port_taken PORT: succeeds when something on this host accepts connections on PORT (bash alone: this runs
+# before scripts/setup.sh has made .venv)
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# The port, before set-up (minutes on a fresh clone): a server of this folder already up is joined whatever its
+# port; otherwise PREFECT_PORT, refused at once when taken, or 4200, or the first free port after it.
+PORT=${PREFECT_PORT:-4200}
+if ! { [ -f "$ENV_FILE" ] && kept_pid server >/dev/null; } && port_taken "$PORT"; then
+    if [ -n "${PREFECT_PORT:-}" ]; then
+        echo "error: PortTaken: PREFECT_PORT=$PORT is in use (another Prefect server?); set PREFECT_PORT to a free" \
+             "port, or leave it unset to have one chosen" >&2
+        exit 1
+    fi
+    while port_taken "$PORT"; do PORT=$((PORT + 1)); done
+    echo "[run] port 4200 is taken: this run's Prefect server uses port $PORT (PREFECT_PORT chooses one)"
+fi
+
 bash scripts/setup.sh
 .venv/bin/python -m flows.deployments "$DEPLOYMENT" || exit 2  # a misspelled name, before any server starts
 
-export PREFECT_HOME="$PWD/.prefect"  # SQLite database, result cache, logs: all inside the project
-PORT=${PREFECT_PORT:-4200}
 export PREFECT_API_URL="http://127.0.0.1:$PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 mkdir -p "$PREFECT_HOME"
 prefect=(.venv/bin/prefect)
 python=.venv/bin/python
-ENV_FILE="$PREFECT_HOME/env.sh"
-# shellcheck source=scripts/kept.sh
-source scripts/kept.sh  # the server and worker of this folder, shared by every run.sh, and their lock
+
+# last_line LOG: its last line that is not blank (a traceback's: the error), for a one-line report naming the log
+last_line() { grep -v '^[[:space:]]*$' "$1" | tail -1; }
 
 # Logs are appended to, never truncated; each start adds a line naming it. Prints the log's path.
 log_to() {
@@ -55,6 +75,7 @@ server_pid= worker_pid= watch_pid= flow_run_id= started_server=0
 # Leave the server and worker: the last run.sh using them stops them, unless they are kept (KEEP_RUNNING=1).
 cleanup() {
     if [ -n "$watch_pid" ]; then kill "$watch_pid" 2>/dev/null || true; fi
+    flock -u 9 2>/dev/null || true  # held until the run started; the watcher, which shares it, may still be exiting
     [ -n "$server_pid" ] || return 0
     take_kept_lock run
     rm -f "$PREFECT_HOME/users/$$"
@@ -103,9 +124,14 @@ if [ -f "$ENV_FILE" ] && server_pid=$(kept_pid server) && healthy "$(sed -n 's/^
     echo "[run] using the server already running (pid $server_pid) at $PREFECT_API_URL"
 else
     server_pid= started_server=1
-    rm -f "$PREFECT_HOME/keep"
-    if "$python" -c "import socket,sys; s=socket.socket(); sys.exit(s.connect_ex(('127.0.0.1', $PORT)) != 0)"; then
-        echo "[run] port $PORT is taken (another Prefect server?); set PREFECT_PORT to a free port" >&2
+    if [ -f "$PREFECT_HOME/keep" ]; then
+        echo "[run] the Prefect server kept by KEEP_RUNNING=1 is no longer running; this run starts one, which" \
+             "stops at its end unless KEEP_RUNNING=1 is set again"
+        rm -f "$PREFECT_HOME/keep"
+    fi
+    if port_taken "$PORT"; then  # taken during set-up
+        echo "error: PortTaken: port $PORT was taken while this script set up (another Prefect server?); set" \
+             "PREFECT_PORT to a free port" >&2
         exit 1
     fi
     # Server and worker get sessions of their own (setsid): a terminal's Ctrl-C reaches only this script,
@@ -121,8 +147,8 @@ else
         sleep 1
     done
     if ! healthy "$PREFECT_API_URL"; then
-        echo "[run] the Prefect server did not come up on port $PORT; its log, .prefect/server.log, ends with:" >&2
-        tail -20 "$server_log" >&2
+        echo "error: ServerDidNotStart: the Prefect server did not come up on port $PORT: $(last_line "$server_log")" \
+             "(its log: .prefect/server.log)" >&2
         exit 1
     fi
     # Kept after the server stops (scripts/stop.sh): sourced then, it changes nothing and says what to do.
@@ -148,11 +174,14 @@ if [ "$started_server" = 0 ] && sha256sum --quiet --check "$DEPLOYED" >/dev/null
 else
     echo "[run] work pool gpt2-local (process) and deployments"
     rm -f "$DEPLOYED"
-    "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >/dev/null
     deploy_log=$(log_to deploy.log)
+    "${prefect[@]}" work-pool create gpt2-local --type process --overwrite >>"$deploy_log" 2>&1 || {
+        echo "error: DeployFailed: prefect work-pool create gpt2-local failed: $(last_line "$deploy_log")" \
+             "(its log: .prefect/deploy.log)" >&2
+        exit 1
+    }
     "${prefect[@]}" --no-prompt deploy --all >>"$deploy_log" 2>&1 || {
-        echo "[run] prefect deploy failed (.prefect/deploy.log):" >&2
-        tail -30 "$deploy_log" >&2
+        echo "error: DeployFailed: prefect deploy --all failed: $(last_line "$deploy_log") (its log: .prefect/deploy.log)" >&2
         exit 1
     }
     sha256sum prefect.yaml >"$DEPLOYED"
@@ -171,35 +200,43 @@ else
 fi
 mkdir -p "$PREFECT_HOME/users"
 touch "$PREFECT_HOME/users/$$"
-flock -u 9
+# The lock stays held until a worker has started the flow run (flows.watch --release-fd releases it): a
+# scripts/stop.sh meanwhile waits, rather than stopping the worker between the submission and the start, which
+# left a run Pending that no worker ever picks up.
 
 echo "[run] prefect deployment run $DEPLOYMENT $*"
+submit_log=$(log_to submit.log)
 created=$("${prefect[@]}" deployment run "$DEPLOYMENT" "$@" 2>&1) || {
-    echo "$created" >&2
+    echo "$created" >>"$submit_log"
+    echo "error: SubmitFailed: prefect deployment run $DEPLOYMENT failed: $(last_line "$submit_log")" \
+         "(its whole output: .prefect/submit.log)" >&2
     exit 1
 }
 flow_run_id=$(grep -oE 'UUID: [0-9a-f-]{36}' <<<"$created" | head -1 | cut -d' ' -f2)
-echo "[run] flow run $flow_run_id (UI: http://127.0.0.1:$PORT/runs/flow-run/$flow_run_id)"
+echo "[run] flow run $flow_run_id (UI while it runs: http://127.0.0.1:$PORT/runs/flow-run/$flow_run_id)"
 status=0
 # In the background, so that a SIGTERM is handled at once (bash runs a trap only after the foreground
 # command ends). It outlives a server outage; it exits 0 or 1 only once it saw the run end (flows/watch.py).
-"$python" -m flows.watch "$flow_run_id" &
+"$python" -m flows.watch "$flow_run_id" --release-fd 9 ${RUN_START_WITHIN_S:+--start-within "$RUN_START_WITHIN_S"} &
 watch_pid=$!
 wait "$watch_pid" || status=$?
 watch_pid=
 
+if [ "$status" = 3 ]; then  # no worker started it: cancelled, so that nothing is left Scheduled or Pending
+    "$python" -m flows.cancel "$flow_run_id" --timeout-s 30 || true
+    exit 1
+fi
 echo
 if [ "$status" -le 1 ]; then
     echo "[run] $DEPLOYMENT finished with exit code $status"
 else
-    echo "[run] $DEPLOYMENT: its end was not seen (the watcher stopped with exit code $status); it may still run:" \
-         "prefect flow-run inspect $flow_run_id"
+    echo "[run] $DEPLOYMENT: its end was not seen (the watcher stopped with exit code $status); it may still run"
 fi
-cat <<EOF
-  outputs:      $PWD/artifacts/  (data/ shards, eval/ HellaSwag, init/ step-0 weights, runs/ training runs)
-  TensorBoard:  .venv/bin/tensorboard --logdir $PWD/artifacts/runs
-  loss curves:  artifacts/runs/<run_name>/<run id>/loss_curve.png
-  Prefect UI:   http://127.0.0.1:$PORT  (flow runs, logs, artifacts; up while this script runs or with KEEP_RUNNING=1)
-  flow logs:    .prefect/worker.log, or prefect flow-run logs $flow_run_id (server up: KEEP_RUNNING=1, source .prefect/env.sh)
-EOF
+# Only what still works once this script has ended: the server answers then only when kept.
+if [ -f "$PREFECT_HOME/keep" ]; then
+    echo "  Prefect UI:   http://127.0.0.1:$PORT/runs/flow-run/$flow_run_id (kept: bash scripts/stop.sh stops it)"
+    echo "  flow logs:    source .prefect/env.sh; prefect flow-run logs $flow_run_id"
+else
+    echo "  flow logs:    .prefect/worker.log (the server stops with this script; KEEP_RUNNING=1 keeps it and its UI)"
+fi
 exit "$status"

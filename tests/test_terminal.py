@@ -43,7 +43,13 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     """From a fresh clone: both return, one server served them, the default deployment ran every stage (its final
     evaluation, HellaSwag and loss curve are there), `stop.sh` leaves no process, and `.prefect/env.sh`, sourced
     once the server is stopped, says how to start one."""
-    environment = _environment(free_port())
+    environment = environ_without_prefect_settings()  # no PREFECT_PORT, and 4200 taken: run.sh picks another
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 4200))
+        taken.listen()
+    except OSError:  # in use already: taken all the same
+        pass
     commands = [["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"],
                 # no deployment named: the default one, gpt2-pretrain/smoke
                 ["bash", "scripts/run.sh", "--param", "run_name=second"]]
@@ -55,6 +61,7 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
         for proc in procs:
             outputs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
     finally:
+        taken.close()
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
@@ -65,8 +72,10 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     assert sum("starting the Prefect server" in output for output in outputs) == 1, outputs
     server_log = (clone / ".prefect" / "server.log").read_text()
     assert "address already in use" not in server_log.lower()
+    chosen = [re.search(r"port 4200 is taken: this run's Prefect server uses port (\d+)", o) for o in outputs]
+    assert any(chosen), outputs  # said before set-up, by each run.sh that found no server of the folder up
     for output in outputs:
-        assert "Prefect UI:   http://127.0.0.1:" in output and "--logdir" in output
+        assert "Prefect UI:" not in output and "prefect flow-run logs" not in output  # the server stops with them
         assert "Killed" not in output  # the last one out stops the worker and reaps it without bash's job notice
     with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:  # the server's SQLite database lives in the project
         flows = {name for (name,) in db.execute("select f.name from flow_run r join flow f on f.id = r.flow_id")}
@@ -74,8 +83,25 @@ def test_two_run_sh_at_once_share_one_server_both_complete_and_stop_sh_leaves_no
     (run_dir,) = [Path(p) for p in glob.glob(str(clone / "artifacts/runs/second/*"))]
     evaluations = sorted((run_dir / "evaluations").glob("*.json"))
     assert [p.name for p in evaluations] == ["step_00000020.json"]  # the smoke deployment's max_steps
-    assert json.loads(evaluations[0].read_text())["hellaswag"]["n"] == 8
+    final = json.loads(evaluations[0].read_text())
+    assert final["hellaswag"]["n"] == 8
     assert (run_dir / "loss_curve.png").is_file()
+    # its last lines: the run folder (under the run's root), its final val loss and HellaSwag accuracy, and only
+    # commands that work once run.sh has ended
+    lines = outputs[1].strip().splitlines()
+    made = lines.index(f"  run folder:   {run_dir}")
+    assert lines[made + 1:made + 4] == [
+        f"  val loss:     {final['val_loss']:.4f} at step 20",
+        f"  HellaSwag:    acc_norm {final['hellaswag']['acc_norm']:.4f} over 8 examples",
+        f"  loss curve:   {run_dir / 'loss_curve.png'}"], lines[made:]
+    assert re.fullmatch(rf"  TensorBoard:  /\S+/tensorboard --logdir {re.escape(str(run_dir))}", lines[made + 4])
+    rest = lines[made + 5:]  # then run.sh's own end, and at most one line of what it leaves running
+    assert rest[:3] == ["", "[run] gpt2-pretrain/smoke finished with exit code 0", "  flow logs:    .prefect/worker"
+                        ".log (the server stops with this script; KEEP_RUNNING=1 keeps it and its UI)"], rest
+    assert len(rest) <= 4, rest
+    hellaswag_lines = outputs[0].strip().splitlines()
+    assert any(line.startswith(f"  hellaswag made: {clone}/artifacts/eval/") for line in hellaswag_lines), outputs[0]
+    assert not any("TensorBoard" in line or "loss curve" in line for line in hellaswag_lines), outputs[0]
 
     stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, text=True,
                           timeout=120)
@@ -220,3 +246,42 @@ def test_stop_sh_says_stopped_only_once_the_process_is_gone(tmp_path):
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 180)
+def test_stop_sh_during_a_submission_waits_and_a_cancelled_run_sh_leaves_no_run_pending(clone):
+    """Before: run.sh released its lock before `prefect deployment run`, so a stop.sh then stopped the worker under
+    a run being submitted: the run stayed Pending for good, run.sh waited with no limit, and its cancel left the
+    run Cancelling. Here the run is submitted to start in an hour (`--start-in`, passed on to `prefect deployment
+    run`), so it is between submission and start for as long as the test needs: stop.sh waits for run.sh's lock;
+    SIGTERM to run.sh ends the run Cancelled (no worker needed for a run none started), then stop.sh goes on and
+    nothing is left running."""
+    environment = _environment(free_port())
+    run = subprocess.Popen(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke", "--start-in", "1 hour"], cwd=clone,
+                           env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    stop = None
+    lines: list[str] = []
+    try:
+        for line in run.stdout:
+            lines.append(line)
+            if line.startswith("[run] flow run "):  # submitted: Scheduled, an hour from its start
+                break
+        flow_run_id = lines[-1].split()[3]
+        stop = subprocess.Popen(["bash", "scripts/stop.sh"], cwd=clone, env=environment, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        assert stop.stdout.readline().startswith("[stop] waiting for another scripts/run.sh"), "stop.sh did not wait"
+        os.killpg(run.pid, signal.SIGTERM)
+        lines += run.stdout.readlines()
+        assert run.wait(timeout=180) == 130, "".join(lines)
+        stopped = stop.communicate(timeout=180)[0]
+        assert stop.returncode == 0, stopped
+    finally:
+        for proc in (run, stop):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert f"[run] flow run {flow_run_id}: CANCELLED\n" in lines, "".join(lines)
+    with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:  # (the scheduled evaluation's runs beside it)
+        states = {str(run_id).replace("-", ""): state for run_id, state in db.execute("select id, state_type from flow_run")}
+    assert states[flow_run_id.replace("-", "")] == "CANCELLED", states  # not Scheduled, Pending or Cancelling
+    assert not prefect_processes_of(clone)

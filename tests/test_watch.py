@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 LOCKED = "RunDirLocked: artifacts/runs/smoke/1 is being written by pid 1874 on host-a; it is retried"
 STEPS = 25
+CUT_S = 20  # an outage shorter than the minute Prefect's client retried for by default
 
 
 def _log_steps(logger, steps: int, step_s: float = 0.0) -> None:
@@ -92,19 +93,21 @@ def _a_flow_that_trains_for_a_while(started: queue.Queue, steps: int, step_s: fl
 def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_server, tmp_path):
     """Before: run.sh's watcher died with an httpx traceback when the server went away, and run.sh
     printed `finished with exit code 1` while the run went on. Here `python -m flows.watch`, as run.sh starts
-    it, reaches the server through a relay that is cut for 8 s mid-run (client retries off, so every request of
-    the outage fails at once); the run itself goes on, on the server."""
+    it, reaches the server through a relay that is cut for 20 s mid-run; the run itself goes on, on the server. The
+    watcher's client retries nothing itself (Prefect's default client retried for about a minute before a call
+    failed: a 45 s outage showed nothing, a longer one was reported late and its time away short), so the outage
+    is reported at its first failed call and the time away it reports is the cut's."""
     from prefect.settings import PREFECT_API_URL
 
     from tests.fixtures.outage import Relay
 
     relay = Relay(PREFECT_API_URL.value()).start()
     started: queue.Queue = queue.Queue()
-    run = threading.Thread(target=_a_flow_that_trains_for_a_while(started, steps=40, step_s=0.5), daemon=True)
+    run = threading.Thread(target=_a_flow_that_trains_for_a_while(started, steps=80, step_s=0.5), daemon=True)
     run.start()
     flow_run_id = started.get(timeout=300)
     env = environ_without_prefect_settings()
-    env.update(PREFECT_API_URL=relay.url, PREFECT_CLIENT_MAX_RETRIES="0", PREFECT_HOME=str(tmp_path / "home"))
+    env.update(PREFECT_API_URL=relay.url, PREFECT_HOME=str(tmp_path / "home"))
     watcher = subprocess.Popen([sys.executable, "-m", "flows.watch", str(flow_run_id), "--progress-every", "0"],
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -113,8 +116,10 @@ def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_
     try:
         assert wait_for(lambda: any("train: step" in line for line in lines), 120), lines
         relay.cut()
-        time.sleep(8)
+        cut_at = time.monotonic()
+        time.sleep(CUT_S)
         relay.restore()
+        cut_s = time.monotonic() - cut_at
         assert watcher.wait(timeout=180) == 0, "".join(lines)
     finally:
         relay.stop()
@@ -125,7 +130,40 @@ def test_the_watcher_outlives_a_server_outage_and_says_so_once_each_way(prefect_
 
     shown = [re.sub(r"^\[\d\d:\d\d:\d\d\] ", "", line.rstrip("\n")) for line in lines]
     assert len([line for line in shown if line.startswith("lost the Prefect server")]) == 1, shown
-    assert len([line for line in shown if line.startswith("the Prefect server answers again")]) == 1, shown
+    (again,) = [line for line in shown if line.startswith("the Prefect server answers again")]
+    away_s = float(re.fullmatch(r"the Prefect server answers again \(away (\d+) s\)", again).group(1))
+    # the first failed call comes within a poll (1 s) of the cut, the first answer within a retry (2 s) of the end
+    assert cut_s - 2 <= away_s <= cut_s + 3, (cut_s, shown)
     assert not any("Traceback" in line for line in shown), shown
-    assert shown.index("train: step 39/40 | loss 10.4100 | 1,530 tok/s | ETA 0:00:00") < shown.index("train: Completed")
+    assert shown.index("train: step 79/80 | loss 10.0100 | 1,530 tok/s | ETA 0:00:00") < shown.index("train: Completed")
     assert re.fullmatch(r"flow run \S+: Completed", shown[-1]), shown
+
+
+@pytest.mark.slow
+def test_a_run_no_worker_starts_is_given_up_in_one_line_and_cancelled_at_once(prefect_server):
+    """Before: a run left Pending (its worker stopped by scripts/stop.sh while it was being submitted) kept
+    flows.watch, and run.sh with it, waiting for ever, and run.sh's cancel left it Cancelling for good (no worker
+    to stop it). Here a run of a flow no deployment serves, so no worker ever starts it: the watcher gives up after
+    the bound it names, in one line, and flows.cancel ends the run Cancelled."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    @flow(name="never-started")
+    def never_started():
+        pass
+
+    with get_client(sync_client=True) as client:
+        flow_run_id = client.create_flow_run(never_started).id  # Pending, in no work pool
+        env = environ_without_prefect_settings()
+        env.update(PREFECT_API_URL=PREFECT_API_URL.value())
+        watched = subprocess.run([sys.executable, "-m", "flows.watch", str(flow_run_id), "--start-within", "2"],
+                                 cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert watched.returncode == 3, watched.stdout + watched.stderr
+        assert re.fullmatch(rf"error: NotStarted: no worker started flow run {flow_run_id} within 2 s of its start "
+                            r"time \(it is Pending\); is a worker of its pool running\? Stop and start again: bash "
+                            r"scripts/stop\.sh, then bash scripts/run\.sh\n", watched.stdout), watched.stdout
+        cancelled = subprocess.run([sys.executable, "-m", "flows.cancel", str(flow_run_id), "--timeout-s", "30"],
+                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert client.read_flow_run(flow_run_id).state.type.value == "CANCELLED"
