@@ -95,7 +95,7 @@ def tokenizer_files(model_max_length: int) -> dict[str, bytes]:
         "merges.txt": merges_bytes,
         "tokenizer.json": json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False).encode("utf-8"),
         "special_tokens_map.json": json_file_text(special, "special_tokens_map.json").encode(),
-        "tokenizer_config.json": json_text({
+        "tokenizer_config.json": json_file_text({
             "tokenizer_class": "GPT2Tokenizer", **special, "model_max_length": model_max_length,
             "add_prefix_space": False, "add_bos_token": False, "clean_up_tokenization_spaces": False,
             "errors": "replace",
