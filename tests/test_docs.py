@@ -51,7 +51,11 @@ def test_no_file_describes_the_limits_of_a_test_machine():
     assert not hits, "the limits of a test machine, which a user's host does not share:\n" + "\n".join(hits)
 
 
-MARKDOWN = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
+MARKDOWN = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "bench").rglob("*.md")])
+# a repository path cited in a `code span`: it starts at one of the repository's folders (not inside another
+# path such as llm.c's dev/data/, nor after `REV:`, which names a file of an earlier commit)
+CITED_PATH = re.compile(r"(?<![\w./:-])((?:bench|docs|tests|gpt2|gpt2_kernels|data|common|flows|tasks|scripts|"
+                        r"\.ci)/[\w.*/-]*)")
 
 
 def _anchors(doc: Path) -> set[str]:
@@ -75,7 +79,20 @@ def test_relative_links_and_doc_references_resolve(doc):
     for named in re.findall(r"\b(docs/[\w-]+\.md)\b", text):  # docs/x.md named in prose, from the root
         if not (REPO / named).exists():
             problems.append(f"{named}: no such file")
+    problems += [f"`{path}`: no such path" for path in _cited_paths(text) if not _resolves(path, doc.parent)]
     assert not problems, f"{doc.name}: {problems}"
+
+
+def _cited_paths(markdown: str) -> list[str]:
+    """The repository paths named in `markdown`'s code spans, outside its fenced blocks (commands there write
+    paths of their own)."""
+    prose = re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S)
+    return [path.rstrip(".") for span in re.findall(r"`([^`\n]+)`", prose) for path in CITED_PATH.findall(span)]
+
+
+def _resolves(path: str, doc_folder: Path) -> bool:
+    """A file or folder from the repository's root or the document's folder, or a glob pattern matching one."""
+    return any(bool(list(base.glob(path))) if "*" in path else (base / path).exists() for base in (REPO, doc_folder))
 
 
 def test_readme_links_the_reference_page():

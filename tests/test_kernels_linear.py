@@ -270,7 +270,7 @@ def test_each_call_site_has_a_tile_at_every_width():
 def test_quack_matmul_on_gpu(site, width):
     """Each pinned tile against the fp32 product at odd shapes (rows and columns not a multiple of a tile, an
     operand transposed, h in the ones-column layout, with and without a bias), and bit for bit against
-    cuBLAS at d12's shapes, as measured (bench/results/2026-11-27/12-*)."""
+    cuBLAS at d12's shapes, as measured (bench/reports/2026-11-27-h100-block-gemms-on-quack.md)."""
     name = linear.configure_linear(torch.bfloat16, "cuda")
     tile = linear.tile_for(getattr(linear, site), width)
     try:

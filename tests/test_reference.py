@@ -9,6 +9,7 @@ the values below, read off llm.c's scripts/run_gpt2_124M.sh and train_gpt2.cu (c
 from __future__ import annotations
 
 import functools
+import gzip
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,14 @@ def test_each_row_states_llmcs_value_and_the_deployments(row):
 
 
 
+def unpacked(folder: Path, out: Path) -> Path:
+    """`folder`'s raw outputs, gzip-compressed in git to keep bench/results small, written out uncompressed."""
+    out.mkdir(parents=True)
+    for packed in folder.glob("*.gz"):
+        (out / packed.stem).write_bytes(gzip.decompress(packed.read_bytes()))
+    return out
+
+
 def test_the_cross_check_figures_are_those_of_the_committed_runs(tmp_path):
     """docs/reference.md's cross-check tables, recomputed from the raw outputs under bench/results by the
     script that made them: ours at today's defaults (master weights) with three noise runs, and ours before
@@ -99,7 +108,8 @@ def test_the_cross_check_figures_are_those_of_the_committed_runs(tmp_path):
     from bench.crosscheck_llmc import WINDOWS, compare
 
     results = REPO / "bench" / "results" / "2026-11-24"
-    now, before = results / "crosscheck-llmc-h100-master-weights", results / "crosscheck-llmc-h100"
+    now, before = (unpacked(results / name, tmp_path / "raw" / name)
+                   for name in ("crosscheck-llmc-h100-master-weights", "crosscheck-llmc-h100"))
     llmc = before / "llmc.log"
     summary = compare(llmc, now / "ours.metrics.jsonl",
                       [f"llmc_ge2={before / 'llmc_ge2.log'}", f"llmc_seed={now / 'llmc_seed.log'}",

@@ -1,2 +1,0 @@
-# call 5a: the gpu extra's first wheels part to /tmp (the two parts travel in two calls, as folder 4's 4a/4b); the machine
-cp -r .whl/q1 /tmp/w1; { date -u; nvidia-smi --query-gpu=index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used --format=csv; python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"; python3 --version; nproc; } > $OUT/call5a_machine.txt 2>&1; cat $OUT/call5a_machine.txt

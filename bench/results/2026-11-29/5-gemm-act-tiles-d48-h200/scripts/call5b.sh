@@ -1,2 +1,0 @@
-# call 5b (right after 5a, same machine): the gpu extra installed, then the sweep
-export PYTHONUNBUFFERED=1; set -o pipefail; eval "$(bash .exp/wheels.sh install /tmp/site /tmp/w1 "$(pwd)/.whl/q2")"; export PYTHONPATH=$(pwd):$PYTHONPATH; python3 -c "import quack, cutlass; print('quack', quack.__version__, 'cutlass-dsl', cutlass.__version__)" 2>&1 | tail -2 | tee $OUT/install.txt; timeout 540 python3 bench/results/2026-11-29/5-gemm-act-tiles-d48-h200/scripts/gemm_act_tiles.py --budget 380 --json $OUT/gemm_act_tiles.json 2>&1 | tee $OUT/gemm_act_tiles.txt

@@ -1,3 +1,0 @@
-# call 8c (right after 8b, warm: llm.c built, shards and 8b's results in /mnt/ram/b): llm.c d24 (B=32) on 1 then 2
-#   GPUs into the same folder, whose summary then holds every d48 and d24 run of 8b and 8c. Sent as this one line:
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1; echo "start $(date -u +%T)" > $OUT/times.txt; SHARDS=/mnt/ram/shards OUT=/mnt/ram/b LLMC=/tmp/llmc-build TRAINERS=llmc MODELS=d24 GPUS="1 2" STEPS=14 SKIP=6 timeout 300 bash bench/run_llmc_gpu.sh > $OUT/l24_console.txt 2>&1; echo "l24 $(date -u +%T) rc $?" >> $OUT/times.txt; cp /mnt/ram/b/summary.json /mnt/ram/b/llmc_d24_*gpu.json $OUT/; cat $OUT/times.txt; grep -E "^(d24|d48) |scaling|gpt2.train /" $OUT/l24_console.txt
