@@ -22,6 +22,7 @@ without the marker is never used; one whose files differ from the sizes or hashe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
