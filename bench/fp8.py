@@ -2,7 +2,7 @@
 `kernels-fp8` and `plain-fp8` variants and the numerics check's `--check kernels-fp8` path.
 
 Not a training setting: measured on one H100 at d24 and d48, FP8 was slower at d24 and 2% faster at d48,
-where its numerics check did not pass (docs/benchmarks.md, "FP8 matmuls at d24 and d48").
+where its numerics check did not pass (bench/reports/2026-11-24-h100-d12-round3.md, "FP8 matmuls at d24 and d48").
 
 `convert_blocks_to_fp8(model)` swaps every nn.Linear inside the transformer blocks (c_attn, attn.c_proj,
 c_fc, mlp.c_proj) for torchao's Float8Linear with its default recipe, dynamic tensorwise scaling: each

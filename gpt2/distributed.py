@@ -63,7 +63,7 @@ def autocast_context(device: torch.device, dtype: str = "auto",
 # PyTorch's CUDA caching allocator, unless the user's environment configures it (PYTORCH_ALLOC_CONF or its
 # older name PYTORCH_CUDA_ALLOC_CONF). Expandable segments grow one mapping per pool instead of caching blocks of
 # the sizes first asked for, which the CUDA graph's pool and the optimizer's temporaries fragment: at d12 on an
-# H100 the process peaks 316 MiB lower in nvidia-smi, at the same speed (docs/benchmarks.md, "d12's memory")
+# H100 the process peaks 316 MiB lower in nvidia-smi, at the same speed (bench/reports/2026-11-24-h100-d12-round3.md)
 CUDA_ALLOCATOR_SETTINGS = "expandable_segments:True"
 ALLOCATOR_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 
