@@ -176,13 +176,13 @@ class NotJsonNumber(ValueError):
     file and the key that holds it."""
 
 
-def json_text(obj: object, where: str | os.PathLike, indent: int | None = None) -> str:
+def json_text(obj: object, where: str | os.PathLike, indent: int | None = None, ensure_ascii: bool = True) -> str:
     """`obj` as strict JSON: the one serializer of every JSON file this project writes (write_json, JSON-lines
-    logs, checkpoints). Python's default writes NaN and Infinity, which no JSON reader has to accept; a missing
-    number is written `null`, with a field saying why, by the code that knows. A non-finite float raises
-    NotJsonNumber naming `where` (the file) and the key that holds it."""
+    logs, checkpoints, an export's tokenizer). Python's default writes NaN and Infinity, which no JSON reader has
+    to accept; a missing number is written `null`, with a field saying why, by the code that knows. A non-finite
+    float raises NotJsonNumber naming `where` (the file) and the key that holds it. `ensure_ascii` as json.dumps's."""
     try:
-        return json.dumps(obj, indent=indent, allow_nan=False)
+        return json.dumps(obj, indent=indent, allow_nan=False, ensure_ascii=ensure_ascii)
     except ValueError:
         found = _first_non_finite(obj)
         if found is None:  # another ValueError (a circular reference): not ours to name
