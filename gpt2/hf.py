@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from common.files import atomic_directory, json_file_text, json_text
+from common.files import atomic_directory, json_file_text, json_text, parse_json, utf8_text
 from data.tokenizer import EOT, gpt2_bpe_files
 from gpt2.checkpoint import safetensors_size
 from gpt2.config import VOCAB_SIZE as GPT2_VOCAB_SIZE
@@ -160,7 +160,7 @@ def _config_from_hf(directory: Path) -> GPTConfig:
     path = directory / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; expected a Hugging Face GPT-2 checkpoint directory")
-    hf = json.loads(path.read_text())
+    hf = parse_json(utf8_text(path.read_bytes(), str(path), ValueError), str(path))  # a user's file: errors name it
     missing = [key for key in _REQUIRED_CONFIG_KEYS if key not in hf]
     if missing:
         raise ValueError(f"{path}: not a Hugging Face GPT-2 config, it lacks {', '.join(missing)}")
