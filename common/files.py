@@ -176,13 +176,13 @@ class NotJsonNumber(ValueError):
     file and the key that holds it."""
 
 
-def json_text(obj: object, where: str | os.PathLike, indent: int | None = None) -> str:
+def json_text(obj: object, where: str | os.PathLike, indent: int | None = None, ensure_ascii: bool = True) -> str:
     """`obj` as strict JSON: the one serializer of every JSON file this project writes (write_json, JSON-lines
-    logs, checkpoints). Python's default writes NaN and Infinity, which no JSON reader has to accept; a missing
-    number is written `null`, with a field saying why, by the code that knows. A non-finite float raises
-    NotJsonNumber naming `where` (the file) and the key that holds it."""
+    logs, checkpoints, an export's tokenizer). Python's default writes NaN and Infinity, which no JSON reader has
+    to accept; a missing number is written `null`, with a field saying why, by the code that knows. A non-finite
+    float raises NotJsonNumber naming `where` (the file) and the key that holds it. `ensure_ascii` as json.dumps's."""
     try:
-        return json.dumps(obj, indent=indent, allow_nan=False)
+        return json.dumps(obj, indent=indent, allow_nan=False, ensure_ascii=ensure_ascii)
     except ValueError:
         found = _first_non_finite(obj)
         if found is None:  # another ValueError (a circular reference): not ours to name
@@ -232,11 +232,13 @@ def parse_json(text: str, where: str, error: type[Exception] = ValueError) -> ob
 
 
 def read_json(path: str | os.PathLike) -> dict:
-    """Read a JSON file written by `write_json`, with an error that names the file if it is not JSON."""
+    """Read a JSON file written by `write_json`, with an error that names the file if it is not UTF-8 JSON."""
+    advice = "delete it and rerun the stage"
+    text = utf8_text(Path(path).read_bytes(), str(path), ValueError, advice=advice)
     try:
-        return parse_json(Path(path).read_text(), str(path))
+        return parse_json(text, str(path))
     except ValueError as e:
-        raise ValueError(f"{e}; delete it and rerun the stage") from e
+        raise ValueError(f"{e}; {advice}") from e
 
 
 def warn(message: str) -> None:
@@ -270,16 +272,18 @@ def _decoded_lines(lines: Iterable[bytes], name: str, error: type[Exception],
         yield line_no, text
 
 
-def utf8_text(raw: bytes, where: str, error: type[Exception], offset: int = 0, of: str = "the file") -> str:
-    """`raw` decoded as UTF-8, the one check of every reader of user text (JSON lines, parquet values). Bytes that
-    are not UTF-8 raise `error` naming `where` (a file and line, or row and column), the first bad byte and its
-    offset in `of` (`offset`: where `raw` starts in it). Python's own error names no file, and its position
-    counts from the start of whatever buffer it was decoding."""
+def utf8_text(raw: bytes, where: str, error: type[Exception], offset: int = 0, of: str = "the file",
+              advice: str = "save the input as UTF-8, or remove the bad bytes") -> str:
+    """`raw` decoded as UTF-8, the one check of every reader of user text (JSON lines, parquet values, config
+    files) and of our own JSON files. Bytes that are not UTF-8 raise `error` naming `where` (a file and line, or
+    row and column), the first bad byte and its offset in `of` (`offset`: where `raw` starts in it), then
+    `advice`. Python's own error names no file, and its position counts from the start of whatever buffer it was
+    decoding."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"{where}: not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start:,} of {of} "
-                    f"({e.reason}); save the input as UTF-8, or remove the bad bytes") from None
+                    f"({e.reason}); {advice}") from None
 
 
 def _parsed_lines(numbered: Iterable[tuple[int, str]], name: str, error: type[Exception],

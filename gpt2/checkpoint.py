@@ -95,19 +95,24 @@ def _marker(step: int, model_file_dtype: str, files: dict[str, tuple[int, str]])
             "files": {name: {"size": size, "sha256": sha256} for name, (size, sha256) in files.items()}}
 
 
-# safetensors' names of the dtypes a state holds
-_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+# safetensors' names of the dtypes it writes, in the order save_file lays their data out (its Dtype enum from
+# the last: U64 first, BOOL last), the tensors of one dtype by name
+_SAFETENSORS_DTYPES = {torch.uint64: "U64", torch.int64: "I64", torch.float64: "F64", torch.complex64: "C64",
+                       torch.float32: "F32", torch.uint32: "U32", torch.int32: "I32", torch.bfloat16: "BF16",
+                       torch.float16: "F16", torch.uint16: "U16", torch.int16: "I16",
+                       torch.float8_e5m2fnuz: "F8_E5M2FNUZ", torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
+                       torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.int8: "I8",
                        torch.uint8: "U8", torch.bool: "BOOL"}
+_SAFETENSORS_LAYOUT = {dtype: place for place, dtype in enumerate(_SAFETENSORS_DTYPES)}
 
 
 def safetensors_size(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> int:
     """The bytes safetensors' `save_file(tensors, path, metadata)` writes: an 8-byte header length, the JSON
-    header (compact; the tensors in the order their data is laid out, widest elements first, then by name;
-    spaces to a multiple of 8 bytes), then the data. A pre-check of free space counts it before the write."""
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    header (compact; the tensors in the order their data is laid out, `_SAFETENSORS_DTYPES`; spaces to a
+    multiple of 8 bytes), then the data. A pre-check of free space counts it before the write."""
+    header: dict[str, Any] = {} if metadata is None else {"__metadata__": metadata}
     offset = 0
-    for name, tensor in sorted(tensors.items(), key=lambda item: (-item[1].element_size(), item[0])):
+    for name, tensor in sorted(tensors.items(), key=lambda item: (_SAFETENSORS_LAYOUT[item[1].dtype], item[0])):
         header[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + tensor.nbytes]}
         offset += tensor.nbytes

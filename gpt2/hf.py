@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from common.files import atomic_directory, json_file_text
+from common.files import atomic_directory, json_file_text, json_text, parse_json, utf8_text
 from data.tokenizer import EOT, gpt2_bpe_files
 from gpt2.checkpoint import safetensors_size
 from gpt2.config import VOCAB_SIZE as GPT2_VOCAB_SIZE
@@ -93,7 +93,7 @@ def tokenizer_files(model_max_length: int) -> dict[str, bytes]:
     return {
         "vocab.json": vocab_bytes,
         "merges.txt": merges_bytes,
-        "tokenizer.json": json.dumps(_tokenizer_json(vocab, merges), ensure_ascii=False).encode("utf-8"),
+        "tokenizer.json": json_text(_tokenizer_json(vocab, merges), "tokenizer.json", ensure_ascii=False).encode(),
         "special_tokens_map.json": json_file_text(special, "special_tokens_map.json").encode(),
         "tokenizer_config.json": json_file_text({
             "tokenizer_class": "GPT2Tokenizer", **special, "model_max_length": model_max_length,
@@ -132,7 +132,7 @@ def export_hf(model: GPT, out_dir: str | os.PathLike, overwrite: bool = False) -
         tensors[name] = tensor.contiguous()
     # GPT-2's tokenizer fits only GPT-2's vocabulary (not e.g. a test model's)
     files = tokenizer_files(model.config.block_size) if V == GPT2_VOCAB_SIZE else {}
-    files["config.json"] = json_file_text(_hf_config(model.config), "config.json").encode()
+    files["config.json"] = json_file_text(_hf_config(model.config), out_dir / "config.json").encode()
     metadata = {"format": "pt"}
     # every byte the directory will hold, checked before the first one is written (atomic_directory)
     needed = safetensors_size(tensors, metadata) + sum(map(len, files.values()))
@@ -160,7 +160,7 @@ def _config_from_hf(directory: Path) -> GPTConfig:
     path = directory / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; expected a Hugging Face GPT-2 checkpoint directory")
-    hf = json.loads(path.read_text())
+    hf = parse_json(utf8_text(path.read_bytes(), str(path), ValueError), str(path))  # a user's file: errors name it
     missing = [key for key in _REQUIRED_CONFIG_KEYS if key not in hf]
     if missing:
         raise ValueError(f"{path}: not a Hugging Face GPT-2 config, it lacks {', '.join(missing)}")

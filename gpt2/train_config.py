@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from common.bounds import FLOAT_MAX, number_problem, value_problem
+from common.files import utf8_text
 from common.limits import gigabytes, physical_memory
 from data.loader import ORDERS
 from gpt2.config import DEVICES, DTYPES, VOCAB_SIZE, GPTConfig, parse_model_spec
@@ -176,8 +177,8 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
         parse, parse_error = yaml.safe_load, yaml.YAMLError
     else:
         parse, parse_error = json.loads, json.JSONDecodeError
-    with open(path) as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        text = utf8_text(f.read(), path, ConfigError)  # never the locale's encoding, and a bad byte named
     try:
         values = parse(text)
     except parse_error as e:

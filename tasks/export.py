@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ContextManager
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -60,8 +61,9 @@ def export_hf(checkpoint: CheckpointRecord, out_dir: str | None = None) -> HFExp
     """
     from gpt2.export_hf import export_checkpoint
 
-    out = Path(out_dir) if out_dir else RunDir(checkpoint.run_dir).hf_export(checkpoint.step)
-    with writing(out.parent):
+    run_dir = RunDir(checkpoint.run_dir)
+    out = Path(out_dir) if out_dir else run_dir.hf_export(checkpoint.step)
+    with _publishing(out, run_dir):
         export_checkpoint(checkpoint.path, out, overwrite=True)
         record = HFExportRecord(files=tuple(FileRef.of(p) for p in sorted(out.iterdir())), path=str(out.resolve()),
                                 step=checkpoint.step)
@@ -70,3 +72,12 @@ def export_hf(checkpoint: CheckpointRecord, out_dir: str | None = None) -> HFExp
                 key=run_artifact_key("hf-export", checkpoint.run_dir),
                 description="the checkpoint as a Hugging Face directory")
     return record
+
+
+def _publishing(out: Path, run_dir: RunDir) -> ContextManager[Path]:
+    """The writer lock of the folder `out` is published in: the run directory's as its owner takes it (RunDir.lock:
+    its layout checked, and only checkpoints/ swept of leftovers, since the train stage writes the loss curve
+    beside the export without the lock), another folder's as any stage's."""
+    if out.parent.resolve() == run_dir.root.resolve():
+        return run_dir.lock(wait=True, on_wait=get_run_logger().warning)
+    return writing(out.parent)

@@ -70,7 +70,7 @@ def child_failure_is_transient(output: str) -> bool:
     error (`_error_line_is_transient`). Without one, the child died before it could say (a signal, a crash):
     transient, unless a traceback in the output names an error a rerun meets again.
     """
-    said = [line for line in output.splitlines() if error_line_type(line) is not None]
+    said = _error_lines(output)
     if said:
         return all(_error_line_is_transient(line) for line in said)
     if _CHILD_ERROR_LINE.search(output):
@@ -82,8 +82,13 @@ def refused_a_locked_folder(exc: BaseException) -> bool:
     """Whether a failed child (CommandFailed, a Slurm job's failure: their messages quote its error lines) ended
     because another process holds the folder it writes: every error line it said is FolderLocked
     (common.locks). Not a failure of the work: whoever holds the lock is doing it, and the caller waits."""
-    said = [error_line_type(line) for line in str(exc).splitlines() if error_line_type(line) is not None]
-    return bool(said) and all(kind == FolderLocked.__name__ for kind in said)
+    said = _error_lines(str(exc))
+    return bool(said) and all(error_line_type(line) == FolderLocked.__name__ for line in said)
+
+
+def _error_lines(output: str) -> list[str]:
+    """The lines of a child's output that are its own error lines (`error: Type: message`, common.cli)."""
+    return [line for line in output.splitlines() if error_line_type(line) is not None]
 
 
 def _error_line_is_transient(line: str) -> bool:

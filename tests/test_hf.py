@@ -1,5 +1,6 @@
 """Hugging Face interop and numerical parity with transformers' GPT2LMHeadModel (the reference)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -127,6 +128,17 @@ def test_import_errors_name_the_directory(tmp_path):
     # e.g. a training run directory: it has a config.json, but not a GPT-2 one
     (tmp_path / "config.json").write_text('{"model": "d12", "batch_size": 64}')
     with pytest.raises(ValueError, match="config.json: not a Hugging Face GPT-2 config, it lacks n_layer, n_head"):
+        import_hf(tmp_path)
+
+
+@pytest.mark.parametrize("text, message", [(b'{"n_layer": 2,', r"config\.json: not valid JSON \(Expecting"),
+                                           (b'{"n_layer": "\xff"}', r"config\.json: not UTF-8 text: byte 0xff at byte "
+                                                                      r"offset 13 of the file")])
+def test_import_of_a_config_that_is_not_json_names_the_file(tmp_path, text, message):
+    """Before: `JSONDecodeError: Expecting value: line 1 column 15 (char 14)` or `UnicodeDecodeError: 'utf-8'
+    codec can't decode byte 0xff in position 13`, naming no file."""
+    (tmp_path / "config.json").write_bytes(text)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path))}/{message}"):
         import_hf(tmp_path)
 
 

@@ -107,3 +107,16 @@ def test_no_json_writer_writes_a_number_json_cannot_hold(tmp_path, value):
         file.append_record({"step": 2, "losses": [3.0, value]})
     file.close()
     assert log.read_text() == '{"step": 1, "loss": 3.0}\n'
+
+
+def test_a_json_file_of_ours_with_bytes_that_are_not_utf8_is_named_with_the_byte(tmp_path):
+    """Before: `ValueError: 'utf-8' codec can't decode byte 0xff in position 9: invalid start byte; delete it and
+    rerun the stage`: what to delete was not named."""
+    from common.files import read_json
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_bytes(b'{"name": "\xff"}\n')
+    with pytest.raises(ValueError) as raised:
+        read_json(manifest)
+    assert str(raised.value) == (f"{manifest}: not UTF-8 text: byte 0xff at byte offset 10 of the file (invalid "
+                                 "start byte); delete it and rerun the stage")

@@ -85,3 +85,25 @@ def test_export_code_covers_the_tokenizer_and_the_weight_mapping():
     from tasks.export import EXPORT_CODE
 
     assert {"gpt2.export_hf", "gpt2.hf", "data.tokenizer", "gpt2.checkpoint"} <= set(code_closure(EXPORT_CODE))
+
+
+def test_an_export_leaves_a_file_the_train_stage_is_writing_beside_it(prefect_server):
+    """The train stage writes the run's loss curve (`loss_curve.png.<pid>.tmp`, then renamed) after its trainer
+    let the run directory's lock go, so a run started twice at once may export while the other start plots.
+    Before: the export held the run directory's lock as a plain folder's (tasks.common.writing), which sweeps
+    the folder's `*.tmp` files as an interrupted writer's, and deleted the curve being written."""
+    import os
+
+    from common.files import temporary_name
+    from gpt2.checkpoint import write_initial_checkpoint
+    from gpt2.run_dir import RunDir
+    from tasks.init import CheckpointRecord
+
+    run_dir = RunDir(prefect_server / "runs" / "plotting")
+    checkpoint = CheckpointRecord.of(write_initial_checkpoint(run_dir.root, TINY_GPT2, seed=6), TINY_GPT2)
+    being_written = run_dir.loss_curve.with_name(temporary_name(run_dir.loss_curve.name, os.getpid()))
+    being_written.write_bytes(b"the first half of a PNG")
+
+    state, record = _export_flow()(checkpoint)
+    assert state == "Completed" and Path(record.path) == run_dir.hf_export(0).resolve()
+    assert being_written.read_bytes() == b"the first half of a PNG"

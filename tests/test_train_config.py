@@ -158,3 +158,22 @@ def test_keep_mlp_post_gb_from_the_command_line_reaches_the_kernels(monkeypatch)
             assert calls[-1]["keep_mlp_post_bytes"] == pytest.approx(budget)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+
+
+def test_a_config_file_that_is_not_utf8_ends_the_cli_with_one_line_naming_it_and_the_byte(tmp_path):
+    """Before: `error: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 29: invalid start
+    byte`, naming no file (and under another locale the file was read in that locale's encoding)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "run.yaml"
+    text = b'max_steps: 3\nsample_prompt: "caf\xe9"\n'  # Latin-1, not UTF-8
+    path.write_bytes(text)
+    offset = text.index(b"\xe9")
+    result = subprocess.run([sys.executable, "-m", "gpt2.train", "--config", str(path)], capture_output=True,
+                            text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: {path}: not UTF-8 text: byte 0xe9 at byte offset {offset} of the file (invalid "
+        "continuation byte); save the input as UTF-8, or remove the bad bytes"], result.stderr[-2000:]

@@ -8,6 +8,7 @@ filesystem that fills up (a small tmpfs; root only).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -282,3 +283,27 @@ def test_a_checkpoint_that_fills_the_disk_mid_write_names_the_checkpoint_and_its
         assert (path, needed) == (str(RunDir(out_dir).checkpoint(3)), whole)
         assert free > whole  # the bytes were there: the files were not
         assert list(RunDir(out_dir).checkpoints.iterdir()) == []  # nothing half-written
+
+
+# what a checkpoint's state holds, then every other dtype safetensors writes
+STATE_DTYPES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
+OTHER_DTYPES = ("uint64", "uint32", "uint16", "complex64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                "float8_e5m2fnuz")
+
+
+@pytest.mark.parametrize("dtypes", [STATE_DTYPES, STATE_DTYPES + OTHER_DTYPES], ids=["state", "all"])
+@pytest.mark.parametrize("metadata", [None, {}, {"format": "pt"}], ids=["none", "empty", "format"])
+def test_the_safetensors_size_a_pre_check_counts_is_the_size_save_file_writes(tmp_path, dtypes, metadata):
+    """Before: tensors of one width were counted in name order, not in safetensors' layout order (its dtypes'
+    order), so their offsets' digits and the header's padding came out 8 bytes off; empty metadata was not
+    counted, and a uint16/32/64, complex or float8 tensor was a KeyError before the first byte."""
+    import torch
+    from safetensors.torch import save_file
+
+    from gpt2.checkpoint import safetensors_size
+
+    # names against the layout's order, and sizes whose offsets have 1 to 6 digits
+    tensors = {f"t{len(dtypes) - i:02d}": torch.zeros(n, dtype=getattr(torch, dtype))
+               for i, (dtype, n) in enumerate(zip(dtypes, itertools.cycle((100003, 1, 1000, 3, 7, 12345))))}
+    save_file(tensors, tmp_path / "state.safetensors", metadata=metadata)
+    assert safetensors_size(tensors, metadata) == (tmp_path / "state.safetensors").stat().st_size
