@@ -310,32 +310,48 @@ def test_a_run_no_worker_starts_ends_run_sh_in_one_line_and_is_cancelled(clone):
     left such a run Cancelling. Here the worker run.sh finds running is a stand-in that never asks for runs (a
     process with `prefect` in its command line, in .prefect/worker.pid, as kept_pid checks): the watcher gives up
     RUN_START_WITHIN_S after the run's start time in one line saying what to run, run.sh cancels the run (Cancelled
-    at once), ends 1, and stops the server and the stand-in as the last run.sh out does."""
+    at once) and ends 1. On the way, two more of run.sh's own ends, each one line: the `.prefect/keep` of a kept
+    server that has since died is dropped saying so (before: silently), and a second run.sh, joining the server
+    the first one kept, fails at `prefect deployment run` (a start time it cannot parse) with SubmitFailed."""
     environment = {**_environment(free_port()), "RUN_START_WITHIN_S": "1"}
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "prefect-worker-stand-in"],
                                 start_new_session=True)
     try:
         (clone / ".prefect" / "worker.pid").write_text(f"{stand_in.pid}\n")
-        result = subprocess.run(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"], cwd=clone, env=environment,
-                                capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-        stopped = stand_in.poll()  # by run.sh's end: a SIGTERM to its group, as to any worker it stops
+        (clone / ".prefect" / "keep").touch()  # left by KEEP_RUNNING=1; no server runs
+        given_up = subprocess.run(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"], cwd=clone,
+                                  env={**environment, "KEEP_RUNNING": "1"}, capture_output=True, text=True,
+                                  timeout=RUN_TIMEOUT_S)
+        refused = subprocess.run(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke", "--start-in", "not a time"],
+                                 cwd=clone, env=environment, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, text=True,
+                              timeout=120)
+        stopped = stand_in.poll()  # by stop.sh: a SIGTERM to its group, as to any worker it stops
     finally:
         stand_in.kill()
         stand_in.wait()
-        if prefect_processes_of(clone):  # run.sh did not end: stop what it started
+        if prefect_processes_of(clone):  # a run.sh did not end: stop what it started
             subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
-    assert f"[run] using the worker already running (pid {stand_in.pid})" in result.stdout, output[-3000:]
-    flow_run_id = re.search(r"^\[run\] flow run (\S+) \(UI", result.stdout, re.M).group(1)
-    (given_up,) = [line for line in output.splitlines() if "NotStarted" in line]
+    output = given_up.stdout + given_up.stderr
+    assert given_up.returncode == 1, output[-3000:]
+    assert ("[run] the Prefect server kept by KEEP_RUNNING=1 is no longer running; this run starts one, which stops "
+            "at its end unless KEEP_RUNNING=1 is set again\n") in given_up.stdout, output[-3000:]
+    assert f"[run] using the worker already running (pid {stand_in.pid})" in given_up.stdout, output[-3000:]
+    flow_run_id = re.search(r"^\[run\] flow run (\S+) \(UI", given_up.stdout, re.M).group(1)
+    (not_started,) = [line for line in output.splitlines() if "NotStarted" in line]
     assert re.fullmatch(rf"error: NotStarted: no worker started flow run {flow_run_id} within 1 s of its start time "
                         r"\(it is (Scheduled|Late)\); is a worker of its pool running\? Stop and start again: bash "
-                        r"scripts/stop\.sh, then bash scripts/run\.sh", given_up), output[-3000:]
-    assert f"[run] flow run {flow_run_id}: CANCELLED\n" in result.stderr, output[-3000:]
+                        r"scripts/stop\.sh, then bash scripts/run\.sh", not_started), output[-3000:]
+    assert f"[run] flow run {flow_run_id}: CANCELLED\n" in given_up.stderr, output[-3000:]
     assert "Traceback" not in output and "finished with exit code" not in output, output[-3000:]
     with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:  # (the scheduled evaluation's runs beside it)
         states = {str(run_id).replace("-", ""): state for run_id, state in db.execute("select id, state_type from flow_run")}
     assert states[flow_run_id.replace("-", "")] == "CANCELLED", states
-    assert stopped == -signal.SIGTERM, stopped
+
+    assert refused.returncode == 1 and "[run] using the server already running" in refused.stdout, refused.stderr
+    assert refused.stderr == ("error: SubmitFailed: prefect deployment run gpt2-hellaswag/smoke failed: Unable to parse "
+                              "scheduled start time 'in not a time'. (its whole output: .prefect/submit.log)\n"), \
+        refused.stdout + refused.stderr
+
+    assert stop.returncode == 0 and stopped == -signal.SIGTERM, (stop.stdout + stop.stderr, stopped)
     assert not prefect_processes_of(clone)
