@@ -31,8 +31,20 @@ def _log_steps(logger, steps: int, step_s: float = 0.0) -> None:
         time.sleep(step_s)
 
 
+def _a_flow_running(stage, name: str, started: queue.Queue):
+    """A flow named `name` that puts its run id on `started`, then runs the task `stage`."""
+    from prefect import flow, runtime
+
+    @flow(name=name)
+    def watched():
+        started.put(runtime.flow_run.id)
+        stage()
+
+    return watched
+
+
 def _a_flow_whose_train_stage_waits_for_a_lock_then_trains(started: queue.Queue):
-    from prefect import flow, get_run_logger, runtime, task
+    from prefect import get_run_logger, task
 
     attempts = []
 
@@ -43,12 +55,7 @@ def _a_flow_whose_train_stage_waits_for_a_lock_then_trains(started: queue.Queue)
             raise RuntimeError(LOCKED)
         _log_steps(get_run_logger(), STEPS)
 
-    @flow(name="watched")
-    def watched():
-        started.put(runtime.flow_run.id)
-        train()
-
-    return watched
+    return _a_flow_running(train, "watched", started)
 
 
 @pytest.mark.slow
@@ -75,18 +82,13 @@ def test_lines_come_in_the_order_things_happened_and_a_retry_says_why(prefect_se
 
 
 def _a_flow_that_trains_for_a_while(started: queue.Queue, steps: int, step_s: float):
-    from prefect import flow, get_run_logger, runtime, task
+    from prefect import get_run_logger, task
 
     @task(name="train")
     def train():
         _log_steps(get_run_logger(), steps, step_s)
 
-    @flow(name="watched-through-an-outage")
-    def watched():
-        started.put(runtime.flow_run.id)
-        train()
-
-    return watched
+    return _a_flow_running(train, "watched-through-an-outage", started)
 
 
 @pytest.mark.slow
@@ -173,7 +175,7 @@ def _a_flow_whose_train_stage_fails_in_torchrun(started: queue.Queue):
     """A stage as the train stage runs gpt2.train: torchrun through tasks.launch, each output line logged; its child
     (tests.fixtures.failing_child) ends with one `error:` line and torchrun follows with its traceback. The flow run
     fails of the stage's error, as flows.pipeline's do (Stages.root_cause)."""
-    from prefect import flow, runtime, task
+    from prefect import task
 
     from tasks.common import log_lines
     from tasks.launch import run_streaming, torchrun_command
@@ -182,12 +184,7 @@ def _a_flow_whose_train_stage_fails_in_torchrun(started: queue.Queue):
     def train():
         run_streaming(torchrun_command("tests.fixtures.failing_child", ["overflow"], nproc=1), log_lines())
 
-    @flow(name="watched-failing-stage")
-    def watched():
-        started.put(runtime.flow_run.id)
-        train()
-
-    return watched
+    return _a_flow_running(train, "watched-failing-stage", started)
 
 
 @pytest.mark.slow
