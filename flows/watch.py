@@ -70,7 +70,7 @@ class Progress:
 
 # What a finished run made, one log line each, `output: LABEL: VALUE` (flows.pipeline._log_outputs writes them)
 OUTPUT_PREFIX = "output: "
-OUTPUT_LINE = re.compile(rf"^{OUTPUT_PREFIX}(?P<label>[^:]+): (?P<value>.*)$")
+OUTPUT_LINE = re.compile(rf"^{re.escape(OUTPUT_PREFIX)}(?P<label>[^:]+): (?P<value>.*)$")
 RETRY_REASON = re.compile(r"^Task run failed with \w+: (?P<reason>.*)$", re.S)  # Prefect's log line of a retry
 # Prefect's message of a run that raised: this, then the exception (`Type: message`, prefect.states.format_exception)
 RAISED = re.compile(r"^(?:Task|Flow) run encountered an exception:? (?P<type>\w+): ", re.S)
