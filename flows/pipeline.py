@@ -31,6 +31,7 @@ from prefect.states import Cancelled
 
 from flows.config import PipelineSettings, check_settings, merge_with_deployment, settings_parameters
 from flows.names import PIPELINE_FLOW, SCAN_FLOW, STAGE_FLOWS
+from flows.watch import OUTPUT_PREFIX
 from tasks.cache import StageRecord
 from tasks.cancel_watch import cancel_requested
 from tasks.download import download_documents
@@ -185,13 +186,10 @@ def gpt2_pretrain(**parameters: Any) -> dict[str, StageRecord | None]:
     return records
 
 
-# What a finished run made, one log line each: `output: LABEL: VALUE`; flows.watch shows them as the run's last lines.
-OUTPUT_PREFIX = "output: "
-
-
 def _log_outputs(label: str, record: StageRecord | None, evaluation: EvalRecord | None = None) -> None:
     """Log where `record`'s output is (a run: its folder, loss curve and TensorBoard command) and, for a trained
-    run, its final val loss and HellaSwag accuracy (`evaluation`'s, else the training's own last evaluation)."""
+    run, its final val loss and HellaSwag accuracy (`evaluation`'s, else the training's own last evaluation), as
+    the `output:` lines flows.watch shows as the run's last lines."""
     if record is None:
         return
     logger = get_run_logger()

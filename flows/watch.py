@@ -3,7 +3,8 @@
 One line per state change of the flow run and of each stage, a training progress line every
 `--progress-every` seconds (step, loss, tokens/s, ETA, from gpt2.train's step lines in the run's logs), in
 the order they happened (a few seconds behind, so that late logs fall into place); a failed stage or run is
-shown with its state message (the error), a stage waiting for a retry (`AwaitingRetry`, `Retrying`) with
+shown with its state message (the error; a flow run's that is a stage's error shown above names that stage
+instead of repeating it), a stage waiting for a retry (`AwaitingRetry`, `Retrying`) with
 its reason (e.g. an output folder locked by another run), and a run that did not complete ends with its id.
 
 The server may go away while the run goes on (killed and restarted, overloaded): the watcher says so in one
@@ -67,8 +68,12 @@ class Progress:
                 f"ETA {eta}")
 
 
-OUTPUT_LINE = re.compile(r"^output: (?P<label>[^:]+): (?P<value>.*)$")  # what the run made (flows.pipeline._log_outputs)
+# What a finished run made, one log line each, `output: LABEL: VALUE` (flows.pipeline._log_outputs writes them)
+OUTPUT_PREFIX = "output: "
+OUTPUT_LINE = re.compile(rf"^{re.escape(OUTPUT_PREFIX)}(?P<label>[^:]+): (?P<value>.*)$")
 RETRY_REASON = re.compile(r"^Task run failed with \w+: (?P<reason>.*)$", re.S)  # Prefect's log line of a retry
+# Prefect's message of a run that raised: this, then the exception (`Type: message`, prefect.states.format_exception)
+RAISED = re.compile(r"^(?:Task|Flow) run encountered an exception:? (?P<type>\w+): ", re.S)
 HOLD_BACK_S = 5.0  # logs reach the server in batches (every 2 s): events this recent may still have company
 
 
@@ -117,6 +122,7 @@ class Watcher:
         self.progress_shown_at = 0.0
         self.flow_run = None  # as last read
         self.outputs: dict[str, str] = {}  # what the run made, by label, from its `output:` log lines
+        self.stage_errors: dict[str, str] = {}  # the stage whose failure showed each error (its exception, as text)
 
     def poll(self) -> bool:
         """Show what is old enough to be in order; True once the flow run is in a final state."""
@@ -191,12 +197,27 @@ class Watcher:
         error Prefect logged when it scheduled the retry: a stage waiting for a lock says so here)."""
         state = event.state
         if state.is_failed() or state.is_crashed():
-            return f": {state.message}"
+            return self._failure(event)
         if state.name in ("AwaitingRetry", "Retrying"):  # Retrying alone when the retry has no delay
             reasons = self.retry_reasons[event.run_id]
             reason = state.message or (reasons.pop(0) if reasons else None)
             return f": {reason}" if reason else ""
         return ""
+
+    def _failure(self, event: Event) -> str:
+        """A failure's message; a flow run's that is a stage's error shown above (flows.pipeline fails of its first
+        failed stage's own exception) names that stage instead: the error, and the child output it quotes (tens of
+        lines of torchrun's traceback), come once."""
+        message = event.state.message or ""
+        raised = RAISED.match(message)
+        if raised is None:
+            return f": {message}"
+        error = message[raised.start("type"):]
+        if event.run_id != self.flow_run_id:
+            self.stage_errors.setdefault(error, event.what)
+        elif stage := self.stage_errors.get(error):
+            return f": {raised['type']} in {stage}, shown above"
+        return f": {message}"
 
     def show_outputs(self) -> None:
         """What the run made (its folder, val loss, HellaSwag accuracy...), one aligned line each."""

@@ -14,7 +14,8 @@
 # worker up for the UI, the scheduled evaluation and more runs: a later run.sh uses them instead of starting its own,
 # `source .prefect/env.sh` points a shell's `prefect` at them, `bash scripts/stop.sh` stops them),
 # PREFECT_API_DATABASE_CONNECTION_URL (e.g. postgresql+asyncpg://user:pw@host/db: the same server on
-# PostgreSQL instead of SQLite; docs/pipeline.md).
+# PostgreSQL instead of SQLite; docs/pipeline.md), RUN_START_WITHIN_S (default 120: a run no worker has started
+# that many seconds after its start time is given up, NotStarted in one line, and cancelled).
 # Shown: one line per state change of the run and its stages, a training progress line every 10 s; a run
 # that completes ends with what it made (run folder, val loss, HellaSwag), one that fails with its error and id.
 # Ctrl-C or SIGTERM cancels the flow run (its training processes stop with it), then leaves the server and
@@ -23,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     echo
     echo "usage: bash scripts/run.sh [DEPLOYMENT] [prefect deployment run options, e.g. --param key=value]"
 }

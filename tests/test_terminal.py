@@ -137,6 +137,23 @@ def test_an_unknown_deployment_is_one_line_listing_the_valid_names(clone, name, 
         assert valid in listed, errors
 
 
+def test_a_taken_prefect_port_is_refused_in_one_line_before_set_up(tmp_path):
+    """Before: run.sh ran scripts/setup.sh (minutes on a fresh clone) before it looked at the port. Here a folder
+    holding only run.sh and kept.sh (no setup.sh, no .venv: any set-up would fail) and a PREFECT_PORT something
+    listens on: the one line refusing it, naming the setting, is all run.sh says."""
+    repo = Path(__file__).resolve().parent.parent
+    (tmp_path / "scripts").mkdir()
+    for script in ("run.sh", "kept.sh"):
+        (tmp_path / "scripts" / script).write_text((repo / "scripts" / script).read_text())
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # listening: connections to it are accepted
+        port = taken.getsockname()[1]
+        result = subprocess.run(["bash", "scripts/run.sh"], cwd=tmp_path, env=_environment(port), capture_output=True,
+                                text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (1, ""), result.stdout + result.stderr
+    assert result.stderr == (f"error: PortTaken: PREFECT_PORT={port} is in use (another Prefect server?); set "
+                             "PREFECT_PORT to a free port, or leave it unset to have one chosen\n"), result.stderr
+
+
 def test_install_slurm_says_what_it_found():
     from tests.fixtures.slurm import missing_reason
 
@@ -284,4 +301,57 @@ def test_stop_sh_during_a_submission_waits_and_a_cancelled_run_sh_leaves_no_run_
     with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:  # (the scheduled evaluation's runs beside it)
         states = {str(run_id).replace("-", ""): state for run_id, state in db.execute("select id, state_type from flow_run")}
     assert states[flow_run_id.replace("-", "")] == "CANCELLED", states  # not Scheduled, Pending or Cancelling
+    assert not prefect_processes_of(clone)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 180)
+def test_a_run_no_worker_starts_ends_run_sh_in_one_line_and_is_cancelled(clone):
+    """Before: run.sh followed a run no worker would start (its worker gone or hung) with no limit, and its cancel
+    left such a run Cancelling. Here the worker run.sh finds running is a stand-in that never asks for runs (a
+    process with `prefect` in its command line, in .prefect/worker.pid, as kept_pid checks): the watcher gives up
+    RUN_START_WITHIN_S after the run's start time in one line saying what to run, run.sh cancels the run (Cancelled
+    at once) and ends 1. On the way, two more of run.sh's own ends, each one line: the `.prefect/keep` of a kept
+    server that has since died is dropped saying so (before: silently), and a second run.sh, joining the server
+    the first one kept, fails at `prefect deployment run` (a start time it cannot parse) with SubmitFailed."""
+    environment = {**_environment(free_port()), "RUN_START_WITHIN_S": "1"}
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "prefect-worker-stand-in"],
+                                start_new_session=True)
+    try:
+        (clone / ".prefect" / "worker.pid").write_text(f"{stand_in.pid}\n")
+        (clone / ".prefect" / "keep").touch()  # left by KEEP_RUNNING=1; no server runs
+        given_up = subprocess.run(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke"], cwd=clone,
+                                  env={**environment, "KEEP_RUNNING": "1"}, capture_output=True, text=True,
+                                  timeout=RUN_TIMEOUT_S)
+        refused = subprocess.run(["bash", "scripts/run.sh", "gpt2-hellaswag/smoke", "--start-in", "not a time"],
+                                 cwd=clone, env=environment, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        stop = subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, text=True,
+                              timeout=120)
+        stopped = stand_in.poll()  # by stop.sh: a SIGTERM to its group, as to any worker it stops
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        if prefect_processes_of(clone):  # a run.sh did not end: stop what it started
+            subprocess.run(["bash", "scripts/stop.sh"], cwd=clone, env=environment, capture_output=True, timeout=120)
+    output = given_up.stdout + given_up.stderr
+    assert given_up.returncode == 1, output[-3000:]
+    assert ("[run] the Prefect server kept by KEEP_RUNNING=1 is no longer running; this run starts one, which stops "
+            "at its end unless KEEP_RUNNING=1 is set again\n") in given_up.stdout, output[-3000:]
+    assert f"[run] using the worker already running (pid {stand_in.pid})" in given_up.stdout, output[-3000:]
+    flow_run_id = re.search(r"^\[run\] flow run (\S+) \(UI", given_up.stdout, re.M).group(1)
+    (not_started,) = [line for line in output.splitlines() if "NotStarted" in line]
+    assert re.fullmatch(rf"error: NotStarted: no worker started flow run {flow_run_id} within 1 s of its start time "
+                        r"\(it is (Scheduled|Late)\); is a worker of its pool running\? Stop and start again: bash "
+                        r"scripts/stop\.sh, then bash scripts/run\.sh", not_started), output[-3000:]
+    assert f"[run] flow run {flow_run_id}: CANCELLED\n" in given_up.stderr, output[-3000:]
+    assert "Traceback" not in output and "finished with exit code" not in output, output[-3000:]
+    with sqlite3.connect(clone / ".prefect" / "prefect.db") as db:  # (the scheduled evaluation's runs beside it)
+        states = {str(run_id).replace("-", ""): state for run_id, state in db.execute("select id, state_type from flow_run")}
+    assert states[flow_run_id.replace("-", "")] == "CANCELLED", states
+
+    assert refused.returncode == 1 and "[run] using the server already running" in refused.stdout, refused.stderr
+    assert refused.stderr == ("error: SubmitFailed: prefect deployment run gpt2-hellaswag/smoke failed: Unable to parse "
+                              "scheduled start time 'in not a time'. (its whole output: .prefect/submit.log)\n"), \
+        refused.stdout + refused.stderr
+
+    assert stop.returncode == 0 and stopped == -signal.SIGTERM, (stop.stdout + stop.stderr, stopped)
     assert not prefect_processes_of(clone)

@@ -31,8 +31,20 @@ def _log_steps(logger, steps: int, step_s: float = 0.0) -> None:
         time.sleep(step_s)
 
 
+def _a_flow_running(stage, name: str, started: queue.Queue):
+    """A flow named `name` that puts its run id on `started`, then runs the task `stage`."""
+    from prefect import flow, runtime
+
+    @flow(name=name)
+    def watched():
+        started.put(runtime.flow_run.id)
+        stage()
+
+    return watched
+
+
 def _a_flow_whose_train_stage_waits_for_a_lock_then_trains(started: queue.Queue):
-    from prefect import flow, get_run_logger, runtime, task
+    from prefect import get_run_logger, task
 
     attempts = []
 
@@ -43,12 +55,7 @@ def _a_flow_whose_train_stage_waits_for_a_lock_then_trains(started: queue.Queue)
             raise RuntimeError(LOCKED)
         _log_steps(get_run_logger(), STEPS)
 
-    @flow(name="watched")
-    def watched():
-        started.put(runtime.flow_run.id)
-        train()
-
-    return watched
+    return _a_flow_running(train, "watched", started)
 
 
 @pytest.mark.slow
@@ -75,18 +82,13 @@ def test_lines_come_in_the_order_things_happened_and_a_retry_says_why(prefect_se
 
 
 def _a_flow_that_trains_for_a_while(started: queue.Queue, steps: int, step_s: float):
-    from prefect import flow, get_run_logger, runtime, task
+    from prefect import get_run_logger, task
 
     @task(name="train")
     def train():
         _log_steps(get_run_logger(), steps, step_s)
 
-    @flow(name="watched-through-an-outage")
-    def watched():
-        started.put(runtime.flow_run.id)
-        train()
-
-    return watched
+    return _a_flow_running(train, "watched-through-an-outage", started)
 
 
 @pytest.mark.slow
@@ -167,3 +169,50 @@ def test_a_run_no_worker_starts_is_given_up_in_one_line_and_cancelled_at_once(pr
                                    cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert cancelled.returncode == 0, cancelled.stderr
         assert client.read_flow_run(flow_run_id).state.type.value == "CANCELLED"
+
+
+def _a_flow_whose_train_stage_fails_in_torchrun(started: queue.Queue):
+    """A stage as the train stage runs gpt2.train: torchrun through tasks.launch, each output line logged; its child
+    (tests.fixtures.failing_child) ends with one `error:` line and torchrun follows with its traceback. The flow run
+    fails of the stage's error, as flows.pipeline's do (Stages.root_cause)."""
+    from prefect import task
+
+    from tasks.common import log_lines
+    from tasks.launch import run_streaming, torchrun_command
+
+    @task(name="train")
+    def train():
+        run_streaming(torchrun_command("tests.fixtures.failing_child", ["overflow"], nproc=1), log_lines())
+
+    return _a_flow_running(train, "watched-failing-stage", started)
+
+
+@pytest.mark.slow
+def test_a_failed_stage_shows_its_child_s_output_once(prefect_server):
+    """Before: the failed stage's line showed the child's error and torchrun's traceback, and the flow run's Failed
+    line, whose message is the same error, showed them all again. Here the watcher, as run.sh starts
+    it, follows a run whose train stage fails in torchrun: the error and the traceback come once, with the stage,
+    and the flow run's line names the stage instead."""
+    from prefect.settings import PREFECT_API_URL
+
+    started: queue.Queue = queue.Queue()
+
+    def run() -> None:
+        _a_flow_whose_train_stage_fails_in_torchrun(started)(return_state=True)
+
+    threading.Thread(target=run, daemon=True).start()
+    flow_run_id = started.get(timeout=300)
+    env = environ_without_prefect_settings()
+    env.update(PREFECT_API_URL=PREFECT_API_URL.value())
+    watched = subprocess.run([sys.executable, "-m", "flows.watch", str(flow_run_id)], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    lines = watched.stdout.splitlines()
+    error = "error: RuntimeError: value cannot be converted to type float without overflow"
+    assert lines.count(error) == 1, watched.stdout
+    assert len([line for line in lines if line.startswith("Traceback (most recent call last):")]) == 1, watched.stdout
+    stage = next(i for i, line in enumerate(lines) if re.match(r"\[\d\d:\d\d:\d\d\] train: Failed: ", line))
+    assert stage < lines.index(error), watched.stdout  # the child's output comes with the stage that ran it
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] flow run \S+: Failed: CommandFailed in train, shown above", lines[-2]), \
+        watched.stdout
+    assert lines[-1] == f"  flow run id: {flow_run_id}", watched.stdout
